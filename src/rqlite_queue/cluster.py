@@ -1,0 +1,677 @@
+"""Start and control real local rqlited clusters.
+
+One harness shared by the tests, the benchmarks, the demo and the CLI, so that every one of them
+runs against the same real rqlited binary started the same way, and none of them can leave a
+process behind: every process started here is recorded in a module-level registry and killed at
+interpreter exit if nobody stopped it.
+
+Typical use::
+
+    with Cluster(3) as c:
+        c.wait_ready()
+        httpx.post(c.leader().http_url + "/db/execute", json=[["CREATE TABLE t (x)"]])
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+import httpx
+
+__all__ = [
+    "FAST_RAFT_ARGS",
+    "RQLITED_VERSION",
+    "Cluster",
+    "ClusterError",
+    "Node",
+    "NodeStartError",
+    "PortInUse",
+    "RqlitedNotFound",
+    "default_rqlited_path",
+    "find_rqlited",
+    "free_port",
+    "live_pids",
+]
+
+RQLITED_VERSION = "v8.43.4"
+
+# Faster failure detection than rqlite's 1 s defaults, so fault tests elect a new leader in about
+# a second instead of several. hashicorp/raft (v1.7.3 in rqlite v8.43.4) validates the config at
+# start and the node exits if: any of the three is < 5 ms, the leader lease timeout is larger
+# than the heartbeat timeout (rqlite's "0s" keeps raft's 500 ms default lease, which is why the
+# lease must be given explicitly once the heartbeat goes below 500 ms), or the election timeout
+# is smaller than the heartbeat timeout. 200/400/200 ms satisfies all of these and is still slow
+# enough not to cause spurious elections on a loaded 2-core machine.
+FAST_RAFT_ARGS: tuple[str, ...] = (
+    "-raft-timeout",
+    "200ms",
+    "-raft-election-timeout",
+    "400ms",
+    "-raft-leader-lease-timeout",
+    "200ms",
+)
+
+_HOST = "127.0.0.1"
+# Short per-request timeout for the harness's own probes: a paused (SIGSTOPped) node accepts TCP
+# connections (the kernel completes the handshake) but never answers, and a probe must not hang.
+_PROBE_TIMEOUT = 2.0
+_POLL_INTERVAL = 0.05
+
+
+class RqlitedNotFound(RuntimeError):
+    """The rqlited binary is missing or is not the version this project is pinned to."""
+
+
+class ClusterError(RuntimeError):
+    """A node or cluster did not reach the expected state in time."""
+
+
+class NodeStartError(ClusterError):
+    """rqlited exited or did not come up while starting."""
+
+
+class PortInUse(NodeStartError):
+    """rqlited exited because one of its addresses was already bound by another process."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Finding the binary
+
+
+def default_rqlited_path() -> Path:
+    """Where `scripts/build-rqlited` puts the binary (same lookup order as that script)."""
+    cache = os.environ.get("RQLITE_QUEUE_CACHE")
+    if cache:
+        base = Path(cache)
+    else:
+        xdg = os.environ.get("XDG_CACHE_HOME")
+        base = (Path(xdg) if xdg else Path.home() / ".cache") / "rqlite-queue"
+    return base / f"rqlited-{RQLITED_VERSION}"
+
+
+def find_rqlited() -> str:
+    """Return the path of a usable rqlited binary: `$RQLITED`, else the build cache.
+
+    The version is checked because the harness and the library rely on v8 behaviour (Raft-address
+    joins, follower write forwarding, /readyz); an older binary would fail in confusing ways.
+    """
+    env = os.environ.get("RQLITED")
+    path = Path(env) if env else default_rqlited_path()
+    source = "$RQLITED" if env else "the build cache"
+    hint = "Run `scripts/build-rqlited` (or `make rqlited`) and/or set RQLITED to its output."
+    if not path.is_file() or not os.access(path, os.X_OK):
+        raise RqlitedNotFound(f"rqlited not found at {path} (from {source}). {hint}")
+    try:
+        out = subprocess.run(
+            [str(path), "-version"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise RqlitedNotFound(f"cannot run {path} -version: {e}. {hint}") from e
+    text = out.stdout + out.stderr
+    if RQLITED_VERSION not in text:
+        raise RqlitedNotFound(
+            f"{path} does not report {RQLITED_VERSION} (got {text.strip()[:200]!r}). {hint}"
+        )
+    return str(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Ports
+
+_ports_lock = threading.Lock()
+_handed_out_ports: set[int] = set()
+
+
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that was free a moment ago.
+
+    rqlited cannot be given port 0 (it would advertise ":0" to its peers), so ports are picked
+    here first. There is a window in which something else may bind the port; callers retry with
+    new ports when rqlited then fails with "address already in use". Ports already handed out by
+    this process are never returned again, so two nodes of one process never get the same port
+    even if the first has not bound it yet.
+    """
+    with _ports_lock:
+        for _ in range(1000):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind((_HOST, 0))
+                port: int = s.getsockname()[1]
+            if port not in _handed_out_ports:
+                _handed_out_ports.add(port)
+                return port
+    raise ClusterError("could not find a free port")
+
+
+# ---------------------------------------------------------------------------------------------
+# Process registry: nothing started here may outlive the interpreter.
+
+_registry_lock = threading.Lock()
+_live: dict[int, subprocess.Popen[bytes]] = {}
+_live_dirs: set[Path] = set()
+
+
+def _register(proc: subprocess.Popen[bytes]) -> None:
+    with _registry_lock:
+        _live[proc.pid] = proc
+
+
+def live_pids() -> set[int]:
+    """PIDs of rqlited processes started by this harness that are still running.
+
+    Reaps any that have exited, so an empty result really means no process (and no zombie) is
+    left.
+    """
+    with _registry_lock:
+        procs = list(_live.items())
+    alive: set[int] = set()
+    for pid, proc in procs:
+        if proc.poll() is None:
+            alive.add(pid)
+        else:
+            with _registry_lock:
+                _live.pop(pid, None)
+    return alive
+
+
+def _kill_everything() -> None:
+    """atexit: SIGKILL every process still running and remove leftover data directories."""
+    with _registry_lock:
+        procs = list(_live.values())
+        dirs = list(_live_dirs)
+    for proc in procs:
+        if proc.poll() is None:
+            with contextlib.suppress(OSError):
+                proc.kill()
+    for proc in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired, OSError):
+            proc.wait(timeout=5)
+    for d in dirs:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+atexit.register(_kill_everything)
+
+
+# ---------------------------------------------------------------------------------------------
+# HTTP helpers
+
+
+def _client(timeout: float = _PROBE_TIMEOUT) -> httpx.Client:
+    # trust_env=False: an HTTP(S)_PROXY in the environment must not capture 127.0.0.1 traffic.
+    return httpx.Client(timeout=timeout, trust_env=False)
+
+
+def _default_tmp_root() -> str | None:
+    """/dev/shm when present: rqlite v8 keeps its SQLite file on disk, and tmpfs keeps the
+    tests' fsyncs off the real disk."""
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK):
+        return str(shm)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Node
+
+
+class Node:
+    """One rqlited process with fixed ports and a data directory that survive restarts."""
+
+    def __init__(
+        self,
+        node_id: str,
+        data_dir: Path | str,
+        *,
+        binary: str | None = None,
+        http_port: int | None = None,
+        raft_port: int | None = None,
+        join: str | None = None,
+        extra_args: Sequence[str] = (),
+        log_path: Path | str | None = None,
+    ) -> None:
+        self.node_id = node_id
+        self.binary = binary if binary is not None else find_rqlited()
+        self.data_dir = Path(data_dir)
+        # Ports we picked may be re-picked on a clash at first start; ports given are kept.
+        self._may_repick_ports = http_port is None and raft_port is None
+        self.http_port = http_port if http_port is not None else free_port()
+        self.raft_port = raft_port if raft_port is not None else free_port()
+        self.join = join
+        self.extra_args = tuple(extra_args)
+        # In the data dir's parent, so the log survives wiping the data dir and is not mistaken
+        # for rqlite data; a file, not a pipe, so a chatty node can never block on a full pipe.
+        self.log_path = (
+            Path(log_path) if log_path is not None else self.data_dir.parent / f"{self.node_id}.log"
+        )
+        self.process: subprocess.Popen[bytes] | None = None
+        self.paused = False
+        self._started_once = False
+        # Set by stop()/kill(), so an exit we caused is not mistaken for a crash.
+        self._exit_expected = False
+
+    def __repr__(self) -> str:
+        state = "running" if self.is_running else "stopped"
+        if self.paused:
+            state = "paused"
+        return f"Node({self.node_id!r}, {self.http_url}, raft={self.raft_addr}, {state})"
+
+    # -- addresses --
+
+    @property
+    def http_addr(self) -> str:
+        return f"{_HOST}:{self.http_port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.http_addr}"
+
+    @property
+    def raft_addr(self) -> str:
+        return f"{_HOST}:{self.raft_port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    @property
+    def is_running(self) -> bool:
+        """True while the process exists (also while paused)."""
+        return self.process is not None and self.process.poll() is None
+
+    @property
+    def crashed(self) -> bool:
+        """The process exited without stop()/kill() asking it to (e.g. a fatal startup error)."""
+        return (
+            self.process is not None and self.process.poll() is not None and not self._exit_expected
+        )
+
+    def command(self) -> list[str]:
+        cmd = [
+            self.binary,
+            "-node-id",
+            self.node_id,
+            "-http-addr",
+            self.http_addr,
+            "-raft-addr",
+            self.raft_addr,
+        ]
+        if self.join:
+            cmd += ["-join", self.join]
+        cmd += list(self.extra_args)
+        cmd.append(str(self.data_dir))
+        return cmd
+
+    # -- lifecycle --
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Launch rqlited and wait until its HTTP API answers (not until it has a leader).
+
+        On the very first start of a node whose ports were picked here, an "address already in
+        use" failure is retried with fresh ports and a wiped data dir; a restart keeps its ports
+        (its peers know it by them) and raises `PortInUse` instead.
+        """
+        if self.is_running:
+            return
+        attempts = 5 if (self._may_repick_ports and not self._started_once) else 1
+        for attempt in range(attempts):
+            try:
+                self._start_once(timeout)
+            except PortInUse:
+                if attempt == attempts - 1:
+                    raise
+                shutil.rmtree(self.data_dir, ignore_errors=True)
+                self.http_port, self.raft_port = free_port(), free_port()
+            else:
+                self._started_once = True
+                return
+
+    def _start_once(self, timeout: float) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ, TZ="UTC")
+        with open(self.log_path, "ab") as log:
+            log.write(f"=== {time.strftime('%H:%M:%S')} {' '.join(self.command())}\n".encode())
+            log.flush()
+            proc = subprocess.Popen(
+                self.command(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                close_fds=True,
+            )
+        _register(proc)
+        self.process = proc
+        self.paused = False
+        self._exit_expected = False
+        try:
+            self._wait_http(timeout)
+        except BaseException:
+            self.kill()
+            raise
+
+    def _wait_http(self, timeout: float) -> None:
+        """Wait until *our* process serves HTTP: /status must report our PID, so a stranger
+        that happens to hold the port is never mistaken for this node."""
+        assert self.process is not None
+        deadline = time.monotonic() + timeout
+        with _client(1.0) as client:
+            while True:
+                rc = self.process.poll()
+                if rc is not None:
+                    self.process.wait()
+                    tail = self.log_tail(30)
+                    cls = PortInUse if "address already in use" in tail else NodeStartError
+                    raise cls(f"rqlited {self.node_id} exited with code {rc} at start:\n{tail}")
+                try:
+                    r = client.get(f"{self.http_url}/status", params={"key": "os"})
+                    if r.status_code == 200 and r.json().get("pid") == self.process.pid:
+                        return
+                except (httpx.HTTPError, ValueError):
+                    pass
+                if time.monotonic() > deadline:
+                    raise NodeStartError(
+                        f"rqlited {self.node_id} did not serve HTTP within {timeout}s:\n"
+                        + self.log_tail(30)
+                    )
+                time.sleep(_POLL_INTERVAL)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Graceful stop: SIGTERM (a leader steps down first), SIGKILL after `timeout`."""
+        proc = self.process
+        if proc is None:
+            return
+        self._exit_expected = True
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.terminate()
+                # A stopped process would not act on SIGTERM until continued.
+                proc.send_signal(signal.SIGCONT)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        self.paused = False
+
+    def kill(self) -> None:
+        """Crash the node: SIGKILL (works even when paused) and reap it."""
+        proc = self.process
+        if proc is None:
+            return
+        self._exit_expected = True
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+        proc.wait()
+        self.paused = False
+
+    def pause(self) -> None:
+        """Freeze the process (SIGSTOP): to its peers it looks like a hung or partitioned node."""
+        if not self.is_running:
+            raise ClusterError(f"{self.node_id} is not running")
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP)
+        self.paused = True
+
+    def resume(self) -> None:
+        """Continue a paused process (SIGCONT)."""
+        if not self.is_running:
+            raise ClusterError(f"{self.node_id} is not running")
+        assert self.process is not None
+        self.process.send_signal(signal.SIGCONT)
+        self.paused = False
+
+    def restart(self, timeout: float = 30.0) -> None:
+        """Start again on the same data dir and ports (stopping first if still running).
+
+        The node rejoins from its own Raft state, so no -join is needed, but the flag is kept:
+        rqlite ignores it when the node already has cluster state.
+        """
+        if self.is_running:
+            self.stop()
+        self.start(timeout)
+
+    # -- inspection --
+
+    def status(self, timeout: float = _PROBE_TIMEOUT) -> dict[str, Any]:
+        """GET /status of this node."""
+        with _client(timeout) as client:
+            r = client.get(f"{self.http_url}/status")
+            r.raise_for_status()
+            data: dict[str, Any] = r.json()
+            return data
+
+    def is_ready(self, timeout: float = _PROBE_TIMEOUT) -> bool:
+        """GET /readyz is 200: the node is up, knows a contactable leader and its store is open."""
+        try:
+            with _client(timeout) as client:
+                r = client.get(f"{self.http_url}/readyz", params={"timeout": f"{timeout}s"})
+                return r.status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def log_tail(self, lines: int = 50) -> str:
+        """Last lines of this node's log, for error messages."""
+        try:
+            data = self.log_path.read_bytes()
+        except OSError:
+            return "(no log)"
+        return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
+
+
+# ---------------------------------------------------------------------------------------------
+# Cluster
+
+
+class Cluster:
+    """N local rqlited nodes forming one Raft cluster, in a temp dir removed on stop."""
+
+    def __init__(
+        self,
+        n: int = 3,
+        binary: str | None = None,
+        base_dir: Path | str | None = None,
+        extra_args: Iterable[str] = (),
+        fast: bool = True,
+    ) -> None:
+        if n < 1:
+            raise ValueError("a cluster needs at least one node")
+        self.n = n
+        self.binary = binary
+        self.base_dir = Path(base_dir) if base_dir is not None else None
+        self.extra_args = tuple(extra_args)
+        self.fast = fast
+        self.dir: Path | None = None
+        self.nodes: list[Node] = []
+
+    def __repr__(self) -> str:
+        return f"Cluster(n={self.n}, dir={self.dir}, nodes={self.nodes})"
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # -- addresses --
+
+    @property
+    def urls(self) -> list[str]:
+        return [node.http_url for node in self.nodes]
+
+    @property
+    def url(self) -> str:
+        """All HTTP URLs comma-joined: the form clients take for a list of seed nodes."""
+        return ",".join(self.urls)
+
+    def node(self, node_id: str) -> Node:
+        for node in self.nodes:
+            if node.node_id == node_id:
+                return node
+        raise KeyError(node_id)
+
+    # -- lifecycle --
+
+    def start(self, timeout: float = 30.0) -> Self:
+        """Start node 1, then join the others through its Raft address, then wait until ready.
+
+        If anything fails, every node started so far is stopped and the directory removed before
+        the error propagates.
+        """
+        if self.nodes:
+            raise ClusterError("cluster already started")
+        binary = self.binary if self.binary is not None else find_rqlited()
+        self.binary = binary
+        root = str(self.base_dir) if self.base_dir is not None else _default_tmp_root()
+        if self.base_dir is not None:
+            self.base_dir.mkdir(parents=True, exist_ok=True)
+        self.dir = Path(tempfile.mkdtemp(prefix="rqlite-queue-", dir=root))
+        with _registry_lock:
+            _live_dirs.add(self.dir)
+        args = (*FAST_RAFT_ARGS, *self.extra_args) if self.fast else self.extra_args
+        try:
+            first = Node("n1", self.dir / "n1", binary=binary, extra_args=args)
+            self.nodes.append(first)
+            first.start(timeout)
+            # Joining before node 1 has elected itself fails with "no leader" and the joiner
+            # then sleeps its -join-interval (3 s by default) before retrying.
+            self.wait_ready(timeout)
+            for i in range(2, self.n + 1):
+                node = Node(
+                    f"n{i}",
+                    self.dir / f"n{i}",
+                    binary=binary,
+                    join=first.raft_addr,
+                    extra_args=args,
+                )
+                self.nodes.append(node)
+                node.start(timeout)
+            self.wait_ready(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop every node (SIGTERM to all at once, SIGKILL after `timeout`) and remove the
+        directory. Idempotent.
+
+        All nodes are signalled together: stopping them one by one makes each last leader try
+        to step down to peers that are already gone.
+        """
+        for node in self.nodes:
+            node._exit_expected = True
+        procs = [n.process for n in self.nodes if n.process is not None]
+        for proc in procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.terminate()
+                    proc.send_signal(signal.SIGCONT)
+        deadline = time.monotonic() + timeout
+        for proc in procs:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for node in self.nodes:
+            node.paused = False
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            with _registry_lock:
+                _live_dirs.discard(self.dir)
+
+    # -- state --
+
+    def running(self) -> list[Node]:
+        """Nodes whose process exists and is not paused, i.e. that can answer requests."""
+        return [n for n in self.nodes if n.is_running and not n.paused]
+
+    def _leader_once(self) -> Node | None:
+        """The leader if every answering node agrees on it and it says so itself, else None.
+
+        Several nodes are asked because a node that was cut off (paused, or the old leader
+        just after a failover) can report a stale leader for a while.
+        """
+        by_id = {n.node_id: n for n in self.nodes}
+        by_raft = {n.raft_addr: n for n in self.nodes}
+        claimed: set[str] = set()
+        self_leaders: set[str] = set()
+        for node in self.running():
+            try:
+                store = node.status()["store"]
+            except (httpx.HTTPError, ValueError, KeyError):
+                continue
+            leader = store.get("leader") or {}
+            target = by_id.get(leader.get("node_id", "")) or by_raft.get(leader.get("addr", ""))
+            if target is not None:
+                claimed.add(target.node_id)
+            if store.get("raft", {}).get("state") == "Leader":
+                self_leaders.add(node.node_id)
+        if len(claimed) == 1 and claimed == self_leaders:
+            leader_node = by_id[claimed.pop()]
+            if leader_node.is_running and not leader_node.paused:
+                return leader_node
+        return None
+
+    def leader(self, timeout: float = 10.0) -> Node:
+        """The current leader, polling until the answering nodes agree on one."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = self._leader_once()
+            if found is not None:
+                return found
+            if time.monotonic() > deadline:
+                raise ClusterError(f"no agreed leader within {timeout}s: {self.nodes}")
+            time.sleep(_POLL_INTERVAL)
+
+    def followers(self, timeout: float = 10.0) -> list[Node]:
+        """Running nodes (paused ones included) other than the leader."""
+        leader = self.leader(timeout)
+        return [n for n in self.nodes if n.is_running and n is not leader]
+
+    def wait_ready(self, timeout: float = 30.0) -> Node:
+        """Wait until every running, unpaused node's /readyz is 200 and a leader is agreed on.
+
+        Returns the leader. Raises at once if a node crashed (rather than timing out), e.g. when
+        rqlited rejected its flags after its HTTP server was already up.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            for n in self.nodes:
+                if n.crashed:
+                    rc = n.process.returncode if n.process is not None else None
+                    raise NodeStartError(f"{n.node_id} exited with code {rc}:\n{n.log_tail(30)}")
+            nodes = self.running()
+            if nodes and all(n.is_ready() for n in nodes):
+                leader = self._leader_once()
+                if leader is not None:
+                    return leader
+            if time.monotonic() > deadline:
+                states = {n.node_id: n.is_ready() for n in nodes}
+                raise ClusterError(f"cluster not ready within {timeout}s: readyz={states}")
+            time.sleep(_POLL_INTERVAL)

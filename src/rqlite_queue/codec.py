@@ -1,0 +1,90 @@
+"""Payload codecs: how a message becomes the text stored in the queue, and back.
+
+Payloads are stored as TEXT so that the same SQL serves SQLite and rqlite's JSON API (which
+would hand BLOBs back base64-encoded)."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any, Protocol, runtime_checkable
+
+from .errors import DecodeError, EncodeError
+
+
+@runtime_checkable
+class Codec(Protocol):
+    def encode(self, payload: Any) -> str: ...
+
+    def decode(self, text: str) -> Any: ...
+
+
+class JsonCodec:
+    """The default: JSON values (dicts, lists, strings, numbers, booleans, None). A
+    pydantic-style model is accepted too (dumped with `model_dump_json`); it comes back as a
+    dict: give `ModelCodec(Model)` to get models back."""
+
+    def encode(self, payload: Any) -> str:
+        dump = getattr(payload, "model_dump_json", None)
+        if callable(dump) and not isinstance(payload, type):
+            return str(dump())
+        try:
+            return json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise EncodeError(f"payload is not JSON-serialisable: {exc}") from exc
+
+    def decode(self, text: str) -> Any:
+        try:
+            return json.loads(text)
+        except ValueError as exc:
+            raise DecodeError(f"stored payload is not JSON: {exc}") from exc
+
+
+class ModelCodec:
+    """Pydantic-style models (`model_dump_json` / `model_validate_json`) of one class."""
+
+    def __init__(self, model: type[Any]) -> None:
+        if not (hasattr(model, "model_validate_json") and hasattr(model, "model_dump_json")):
+            raise TypeError(f"{model!r} has no model_validate_json/model_dump_json")
+        self.model = model
+
+    def encode(self, payload: Any) -> str:
+        if not isinstance(payload, self.model):
+            raise EncodeError(f"expected a {self.model.__name__}, got {type(payload).__name__}")
+        return str(payload.model_dump_json())
+
+    def decode(self, text: str) -> Any:
+        try:
+            return self.model.model_validate_json(text)
+        except ValueError as exc:
+            raise DecodeError(f"stored payload is not a valid {self.model.__name__}") from exc
+
+
+class RawCodec:
+    """`str` and `bytes` stored as they are; each comes back as the type it went in as."""
+
+    def encode(self, payload: Any) -> str:
+        if isinstance(payload, str):
+            return "s" + payload
+        if isinstance(payload, bytes | bytearray | memoryview):
+            return "b" + base64.b64encode(bytes(payload)).decode("ascii")
+        raise EncodeError(f"RawCodec takes str or bytes, got {type(payload).__name__}")
+
+    def decode(self, text: str) -> Any:
+        tag, body = text[:1], text[1:]
+        if tag == "s":
+            return body
+        if tag == "b":
+            return base64.b64decode(body)
+        raise DecodeError("stored payload was not written by RawCodec")
+
+
+def as_codec(codec: Codec | type[Any] | None) -> Codec:
+    """`None` is JSON; a model class is a `ModelCodec`; a codec is itself."""
+    if codec is None:
+        return JsonCodec()
+    if isinstance(codec, type):
+        return ModelCodec(codec)
+    if isinstance(codec, Codec):
+        return codec
+    raise TypeError(f"not a codec: {codec!r}")

@@ -1,0 +1,53 @@
+"""What `claim` hands out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A claimed message. The first four fields are the seed protocol's; `token` fences every
+    later call on this lease (`ack`, `nack`, `extend`, `dead_letter`)."""
+
+    seq: int
+    group_id: str
+    event: Any
+    token: str = ""
+    attempts: int = 1
+    """How many times this message has been claimed, this time included."""
+    expires_at: float = 0.0
+    """When the lease lapses (epoch seconds, the client's clock)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A message moved aside by `dead_letter`, with why."""
+
+    seq: int
+    group_id: str
+    event: Any
+    priority: int
+    attempts: int
+    reason: str
+    published_at: float
+    dead_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    """A snapshot of one queue."""
+
+    depth: int
+    """Messages waiting or in flight."""
+    groups: int
+    in_flight: int
+    """Groups whose head is leased (lease not lapsed)."""
+    parked: int
+    """Groups parked by `nack(delay>0)`, delay not yet over."""
+    dead: int
+    oldest_age: float | None
+    """Seconds since the oldest message still queued was published."""
+    by_priority: dict[int, int]
+    """Messages per group priority."""

@@ -1,0 +1,80 @@
+"""Shared pytest fixtures: the rqlited binary and real local rqlite clusters.
+
+The session clusters (`cluster1`, `cluster3`) are shared by many tests, so tests using them must
+leave them healthy (no kill/pause) and use their own table names. Fault tests build their own
+cluster with `make_cluster` (or `with Cluster(...)`).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from rqlite_queue.cluster import Cluster, find_rqlited, live_pids
+
+
+@pytest.fixture(scope="session")
+def rqlited_binary() -> str:
+    """Path of the pinned rqlited; errors (does not skip) when missing, with the build hint."""
+    return find_rqlited()
+
+
+@pytest.fixture(scope="session")
+def cluster1(rqlited_binary: str) -> Iterator[Cluster]:
+    """A single-node cluster for the whole session, started when first requested."""
+    cluster = Cluster(1, binary=rqlited_binary)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def cluster3(rqlited_binary: str) -> Iterator[Cluster]:
+    """A three-node cluster for the whole session, started when first requested."""
+    cluster = Cluster(3, binary=rqlited_binary)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def make_cluster(rqlited_binary: str) -> Iterator[Callable[..., Cluster]]:
+    """Factory for private, started clusters (for fault tests); all stopped after the test."""
+    made: list[Cluster] = []
+
+    def make(n: int = 3, **kwargs: Any) -> Cluster:
+        kwargs.setdefault("binary", rqlited_binary)
+        cluster = Cluster(n, **kwargs)
+        made.append(cluster)
+        cluster.start()
+        return cluster
+
+    try:
+        yield make
+    finally:
+        for cluster in made:
+            cluster.stop()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> Iterator[None]:
+    """Fail the run if any rqlited started by the harness is still alive at the very end.
+
+    A wrapper, so the check runs after every other sessionfinish implementation, including
+    pytest's own that tears down the session-scoped fixtures (the clusters) still set up.
+    """
+    result = yield
+    leaked = live_pids()
+    if leaked:
+        sys.stderr.write(
+            f"\nERROR: rqlited processes left running by the tests: {sorted(leaked)}\n"
+        )
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    return result
