@@ -7,6 +7,7 @@ session clusters.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import stat
 import time
@@ -19,6 +20,7 @@ import httpx
 import pytest
 
 from rqlite_queue.cluster import (
+    RQLITED_VERSION,
     Cluster,
     Node,
     NodeStartError,
@@ -275,9 +277,7 @@ def test_explicit_port_clash_raises(rqlited_binary: str, tmp_path: Path) -> None
     assert not node.is_running
 
 
-def test_find_rqlited(
-    rqlited_binary: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_find_rqlited(rqlited_binary: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RQLITED", rqlited_binary)
     assert find_rqlited() == rqlited_binary
 
@@ -289,11 +289,11 @@ def test_find_rqlited(
     fake.write_text("#!/bin/sh\necho rqlited v7.0.0\n")
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv("RQLITED", str(fake))
-    with pytest.raises(RqlitedNotFound, match="v8.43.4"):
+    with pytest.raises(RqlitedNotFound, match=re.escape(RQLITED_VERSION)):
         find_rqlited()
 
     monkeypatch.delenv("RQLITED")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "empty-cache"))
     monkeypatch.delenv("RQLITE_QUEUE_CACHE", raising=False)
-    with pytest.raises(RqlitedNotFound, match=os.fspath(tmp_path / "empty-cache")):
+    with pytest.raises(RqlitedNotFound, match=re.escape(os.fspath(tmp_path / "empty-cache"))):
         find_rqlited()

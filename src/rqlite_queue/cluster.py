@@ -169,6 +169,9 @@ _live_dirs: set[Path] = set()
 
 def _register(proc: subprocess.Popen[bytes]) -> None:
     with _registry_lock:
+        # Forget reaped processes so a long-running user (benchmarks) does not accumulate them.
+        for pid in [pid for pid, p in _live.items() if p.returncode is not None]:
+            del _live[pid]
         _live[proc.pid] = proc
 
 
@@ -482,7 +485,11 @@ class Node:
 
 
 class Cluster:
-    """N local rqlited nodes forming one Raft cluster, in a temp dir removed on stop."""
+    """N local rqlited nodes forming one Raft cluster, in a temp dir removed on stop.
+
+    Node ids are n1..nN. `extra_args` go after the fast Raft flags, so they can override them
+    (Go's flag package keeps the last value). A Cluster is single-use: start, then stop.
+    """
 
     def __init__(
         self,
@@ -543,7 +550,7 @@ class Cluster:
         the error propagates.
         """
         if self.nodes:
-            raise ClusterError("cluster already started")
+            raise ClusterError("a Cluster can be started only once; make a new one")
         binary = self.binary if self.binary is not None else find_rqlited()
         self.binary = binary
         root = str(self.base_dir) if self.base_dir is not None else _default_tmp_root()

@@ -4,6 +4,7 @@ transports run plans and nothing else."""
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -12,7 +13,7 @@ from typing import Any, Generic, TypeVar
 
 from . import sql
 from .codec import Codec, as_codec
-from .errors import InvalidArgument, LeaseLost, PayloadTooLarge
+from .errors import EncodeError, InvalidArgument, LeaseLost, PayloadTooLarge
 from .lease import DeadLetter, Lease, Stats
 
 T = TypeVar("T")
@@ -86,9 +87,13 @@ class QueueCore:
             raise InvalidArgument(f"priority must be an int in 0-4, got {priority!r}")
         if not 0 <= priority <= sql.MAX_PRIORITY:
             raise InvalidArgument(f"priority must be in 0-4, got {priority}")
-        if dedup_id is not None and (not isinstance(dedup_id, str) or not dedup_id):
-            raise InvalidArgument("dedup_id must be a non-empty string")
+        if dedup_id is not None:
+            if not isinstance(dedup_id, str) or not dedup_id:
+                raise InvalidArgument("dedup_id must be a non-empty string")
+            _check_text(dedup_id, "dedup_id")
         text = self.codec.encode(event)
+        if not isinstance(text, str) or _HEX_LITERAL.fullmatch(text):
+            raise EncodeError(f"codec {self.codec!r} must encode to text not shaped x'..'")
         size = len(text.encode("utf-8"))
         if size > self.max_payload_bytes:
             raise PayloadTooLarge(
@@ -165,6 +170,8 @@ class QueueCore:
     def dead_letter(self, lease: Lease, reason: str) -> Plan[None]:
         if not isinstance(reason, str):
             raise InvalidArgument("reason must be a string")
+        if _HEX_LITERAL.fullmatch(reason):
+            reason = f"reason: {reason}"  # free text: keep it readable rather than refuse it
         batch = sql.dead_letter(self.names, _held(lease), reason=reason, now=self.clock())
         return Plan(batch, _fenced(lease, "dead_letter", sql.read_dead_lettered, None))
 
@@ -233,6 +240,20 @@ class QueueCore:
 def _check_group(group_id: object) -> None:
     if not isinstance(group_id, str) or not group_id:
         raise InvalidArgument(f"group_id must be a non-empty string, got {group_id!r}")
+    _check_text(group_id, "group_id")
+
+
+# rqlite turns a string parameter shaped like an SQL hex literal (x'00ff') into a BLOB
+# (its http/request_parser.go), so such a string would not come back as the same text.
+_HEX_LITERAL = re.compile(r"\s*[xX]'(?:[0-9a-fA-F]{2})*'\s*")
+
+
+def _check_text(value: str, what: str) -> None:
+    if _HEX_LITERAL.fullmatch(value):
+        raise InvalidArgument(
+            f"{what} {value!r} is shaped like an SQL hex literal, which rqlite would store "
+            f"as a BLOB: choose another"
+        )
 
 
 def _check_visibility(visibility: object) -> None:
