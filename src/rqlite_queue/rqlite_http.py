@@ -116,7 +116,11 @@ def parse_endpoints(url: str, auth: tuple[str, str] | None = None) -> Endpoints:
         host = host.strip()
         if not host:
             continue
-        parsed = urlsplit(f"{scheme}://{host}")
+        try:
+            parsed = urlsplit(f"{scheme}://{host}")
+            parsed.port  # noqa: B018 - raises on a bad port
+        except ValueError as exc:
+            raise InvalidArgument(f"bad host in rqlite URL: {host!r}: {exc}") from exc
         if not parsed.hostname:
             raise InvalidArgument(f"bad host in rqlite URL: {host!r}")
         urls.append(f"{scheme}://{host}")

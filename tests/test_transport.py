@@ -1,0 +1,153 @@
+"""Transport-level promises: one HTTP request per operation, schema versions, from_url, the
+generated sync code."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rqlite_queue import (
+    AsyncRqliteTransport,
+    AsyncTransport,
+    InvalidArgument,
+    RqliteTransport,
+    SchemaError,
+    SqliteTransport,
+    Transport,
+    Unavailable,
+)
+from rqlite_queue.cluster import Cluster, Node, free_port
+from rqlite_queue.sql import Batch, Statement
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def fresh_queue() -> str:
+    return f"t_{uuid.uuid4().hex[:12]}"
+
+
+def test_every_operation_is_one_http_request(cluster3: Cluster) -> None:
+    sent: list[str] = []
+    url = cluster3.followers()[0].http_url  # a follower forwards; still one request from us
+    q = RqliteTransport(
+        url, queue=fresh_queue(), event_hooks={"request": [lambda r: sent.append(r.url.path)]}
+    )
+    q.setup()
+
+    def requests(call: Any) -> int:
+        sent.clear()
+        call()
+        return len(sent)
+
+    assert requests(lambda: q.publish("g", 1)) == 1
+    assert requests(lambda: q.publish("g", 2, dedup_id="d")) == 1
+    assert requests(lambda: q.publish_many([("h", i) for i in range(1000)])) == 1
+    leases: list[Any] = []
+    assert requests(lambda: leases.append(q.claim("w", 30))) == 1
+    assert requests(lambda: leases.append(q.extend(leases[-1], 30))) == 1
+    assert requests(lambda: q.nack(leases[-1])) == 1
+    assert requests(lambda: leases.append(q.claim("w", 30))) == 1
+    assert requests(lambda: q.ack(leases[-1])) == 1
+    assert requests(lambda: leases.extend(q.claim_many("w", 30, 2))) == 1
+    assert requests(lambda: q.ack_many(leases[-2:])) == 1
+    assert requests(lambda: leases.append(q.claim("w", 30))) == 1
+    assert requests(lambda: q.dead_letter(leases[-1], "why")) == 1
+    assert requests(lambda: q.stats()) == 1
+    assert requests(lambda: q.claim("w", 30, min_priority=4)) == 1
+    assert set(sent) == {"/db/request"}
+    q.close()
+
+
+def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
+    path = str(tmp_path / "q.db")
+    q = SqliteTransport(path, queue="v")
+    q.setup()
+    q._executor.execute(  # what a future version of the library would have written
+        Batch((Statement("UPDATE rq_v_meta SET value = 99 WHERE key = 'schema_version'"),))
+    )
+    q.close()
+    with pytest.raises(SchemaError, match="99"):
+        SqliteTransport(path, queue="v").setup()
+    with pytest.raises(SchemaError):
+        Transport.from_url(f"sqlite:///{path}", queue="v")
+
+
+def test_setup_is_idempotent_and_safe_from_several_clients(tmp_path: Path) -> None:
+    path = str(tmp_path / "q.db")
+    clients = [SqliteTransport(path) for _ in range(3)]
+    for client in clients + clients:
+        client.setup()
+    clients[0].publish("g", 1)
+    assert clients[2].stats().depth == 1
+    for client in clients:
+        client.close()
+
+
+@pytest.mark.parametrize(
+    "url", ["redis://localhost:6379", "ftp://x", "localhost:4001", "sqlite://", "http://"]
+)
+def test_from_url_refuses_unknown_or_malformed_urls(url: str) -> None:
+    with pytest.raises(InvalidArgument):
+        Transport.from_url(url, connect_timeout=0.1)
+
+
+def test_from_url_waits_then_raises_unavailable_when_nothing_listens() -> None:
+    start = time.monotonic()
+    with pytest.raises(Unavailable, match="not available"):
+        Transport.from_url(f"http://127.0.0.1:{free_port()}", connect_timeout=1.0, deadline=0.3)
+    assert 0.9 < time.monotonic() - start < 5
+
+
+def test_from_url_waits_for_a_node_that_starts_late(rqlited_binary: str, tmp_path: Path) -> None:
+    node = Node("late", str(tmp_path / "data"), binary=rqlited_binary, http_port=free_port())
+    starter = threading.Timer(1.0, node.start)
+    starter.start()
+    try:
+        q = Transport.from_url(node.http_url, connect_timeout=30)
+        q.publish("g", 1)
+        assert q.stats().depth == 1
+        q.close()
+    finally:
+        starter.join()
+        node.stop()
+
+
+async def test_async_from_url_and_context_manager(cluster1: Cluster) -> None:
+    async with await AsyncTransport.from_url(cluster1.url, queue=fresh_queue()) as q:
+        assert isinstance(q, AsyncRqliteTransport)
+        await q.publish("g", {"x": 1})
+        lease = await q.claim("w", 30)
+        assert lease is not None and lease.event == {"x": 1}
+        await q.ack(lease)
+
+
+def test_sync_context_manager_closes(tmp_path: Path) -> None:
+    with Transport.from_url(f"sqlite:///{tmp_path}/q.db") as q:
+        q.publish("g", 1)
+    with pytest.raises(Exception):  # noqa: B017 - closed: any use fails
+        q.publish("g", 2)
+
+
+def test_malformed_rqlite_urls_are_typed_errors(cluster1: Cluster) -> None:
+    q = RqliteTransport(cluster1.url + "/", queue=fresh_queue())  # a trailing slash is fine
+    q.setup()
+    q.close()
+    for url in ("http://[bad", "http://127.0.0.1:notaport", "http://,"):
+        with pytest.raises(InvalidArgument):
+            RqliteTransport(url, queue=fresh_queue())
+
+
+def test_generated_sync_code_is_current() -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gen_sync.py"), "--check"],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
