@@ -26,6 +26,10 @@ DEFAULT_DEDUP_WINDOW = 300.0
 class Plan(Generic[T]):
     batch: sql.Batch
     read: Callable[[Sequence[sql.Result]], T]
+    replay: Callable[[Sequence[sql.Result]], T] | None = None
+    """How to read the results of this batch sent once more after a first attempt whose
+    outcome is unknown (the reply was lost); None when a second application could do harm,
+    so the batch is not sent again."""
 
 
 PublishItem = tuple[str, Any] | tuple[str, Any, int] | Mapping[str, Any]
@@ -60,7 +64,7 @@ class QueueCore:
     # ------------------------------------------------------------------------ setup
 
     def setup(self) -> Plan[int]:
-        return Plan(sql.schema(self.names), sql.read_schema_version)
+        return Plan(sql.schema(self.names), sql.read_schema_version, sql.read_schema_version)
 
     # ---------------------------------------------------------------------- publish
 
@@ -77,7 +81,13 @@ class QueueCore:
     def _publish(self, messages: list[sql.NewMessage], pick: Callable[[list[int]], T]) -> Plan[T]:
         now = self.clock()
         plan = sql.publish(self.names, messages, now, now + self.dedup_window)
-        return Plan(plan.batch, lambda results: pick(sql.read_published_seqs(plan, results)))
+
+        def read(results: Sequence[sql.Result]) -> T:
+            return pick(sql.read_published_seqs(plan, results))
+
+        # Only dedup ids make a second send harmless: it then finds the ids and inserts nothing.
+        every_message_deduplicated = all(m.dedup_id is not None for m in messages)
+        return Plan(plan.batch, read, read if every_message_deduplicated else None)
 
     def _message(
         self, group_id: str, event: Any, priority: int, dedup_id: str | None
@@ -125,7 +135,13 @@ class QueueCore:
             count=count,
             min_priority=min_priority,
         )
-        return Plan(batch, lambda results: self._leases(results, token))
+
+        def read(results: Sequence[sql.Result]) -> list[Lease]:
+            return self._leases(results, token)
+
+        # A second send with the same token finds the groups the first one took and returns
+        # them, instead of taking more (and stranding those for a whole visibility period).
+        return Plan(batch, read, read)
 
     def _leases(self, results: Sequence[sql.Result], token: str) -> list[Lease]:
         return [
@@ -152,20 +168,21 @@ class QueueCore:
             if lost:
                 raise LeaseLost(_lost_message(lost, "ack"), lost)
 
-        return Plan(sql.ack(self.names, held), read)
+        return Plan(sql.ack(self.names, held), read, _done)
 
     def nack(self, lease: Lease, delay: float) -> Plan[None]:
         if isinstance(delay, bool) or not isinstance(delay, int | float) or delay < 0:
             raise InvalidArgument(f"delay must be a number >= 0, got {delay!r}")
         batch = sql.nack(self.names, _held(lease), now=self.clock(), delay=float(delay))
-        return Plan(batch, _fenced(lease, "nack", sql.read_changed, None))
+        return Plan(batch, _fenced(lease, "nack", sql.read_changed, None), _done)
 
     def extend(self, lease: Lease, visibility: float) -> Plan[Lease]:
         _check_visibility(visibility)
         until = self.clock() + visibility
         batch = sql.extend(self.names, _held(lease), until=until)
         extended = Lease(lease.seq, lease.group_id, lease.event, lease.token, lease.attempts, until)
-        return Plan(batch, _fenced(lease, "extend", sql.read_changed, extended))
+        read = _fenced(lease, "extend", sql.read_changed, extended)
+        return Plan(batch, read, read)
 
     def dead_letter(self, lease: Lease, reason: str) -> Plan[None]:
         if not isinstance(reason, str):
@@ -173,7 +190,7 @@ class QueueCore:
         if _HEX_LITERAL.fullmatch(reason):
             reason = f"reason: {reason}"  # free text: keep it readable rather than refuse it
         batch = sql.dead_letter(self.names, _held(lease), reason=reason, now=self.clock())
-        return Plan(batch, _fenced(lease, "dead_letter", sql.read_dead_lettered, None))
+        return Plan(batch, _fenced(lease, "dead_letter", sql.read_dead_lettered, None), _done)
 
     # ------------------------------------------------------------------ dead letters
 
@@ -280,6 +297,13 @@ def _held(lease: Lease) -> sql.Held:
     if not lease.token:
         raise InvalidArgument("this lease has no token: it was not made by claim")
     return sql.Held(int(lease.seq), str(lease.group_id), str(lease.token))
+
+
+def _done(results: Sequence[sql.Result]) -> None:
+    """Reading a resent ack, nack or dead_letter: if the lease no longer holds, the likeliest
+    cause is that the first send did apply; if it did not, the group was taken over and its
+    message will be handled by the new holder. Either way the caller's part is over
+    (at-least-once), so this does not raise `LeaseLost`."""
 
 
 def _fenced(

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol, TypeVar
@@ -33,10 +34,13 @@ class Transport:
     Build one with `from_url`, or `AsyncRqliteTransport(url)` / `AsyncSqliteTransport(path)`.
     The tables are created on first use."""
 
-    def __init__(self, executor: Executor, core: QueueCore) -> None:
+    def __init__(
+        self, executor: Executor, core: QueueCore, *, replay_deadline: float = 15.0
+    ) -> None:
         self._executor = executor
         self._core = core
         self._schema_checked = False
+        self.replay_deadline = replay_deadline
 
     @property
     def queue(self) -> str:
@@ -88,7 +92,25 @@ class Transport:
     def _run(self, plan: Plan[T]) -> T:
         if not self._schema_checked:
             self.setup()
-        return self._send(plan)
+        try:
+            return self._send(plan)
+        except Unavailable:
+            if plan.replay is None:
+                raise
+            return self._replay(plan, plan.replay)
+
+    def _replay(self, plan: Plan[T], read: Callable[[Sequence[Result]], T]) -> T:
+        """Send a retry-safe batch again after an unknown outcome, until `replay_deadline`."""
+        give_up = time.monotonic() + self.replay_deadline
+        backoff = 0.1
+        while True:
+            time.sleep(backoff * random.uniform(0.5, 1.0))
+            try:
+                return read(self._executor.execute(plan.batch))
+            except Unavailable:
+                if time.monotonic() + backoff > give_up:
+                    raise
+                backoff = min(backoff * 2, 1.0)
 
     # ------------------------------------------------------------------------ the seed's calls
 
@@ -209,7 +231,7 @@ class RqliteTransport(Transport):
             verify=verify,
             event_hooks=event_hooks,
         )
-        super().__init__(self.client, core)
+        super().__init__(self.client, core, replay_deadline=deadline)
 
 
 class SqliteTransport(Transport):
