@@ -24,6 +24,7 @@ from rqlite_queue import (
     Unavailable,
 )
 from rqlite_queue.cluster import Cluster, Node, free_port
+from rqlite_queue.rqlite_http import parse_endpoints
 from rqlite_queue.sql import Batch, Statement
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -151,3 +152,32 @@ def test_generated_sync_code_is_current() -> None:
         text=True,
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_a_dead_node_in_the_list_is_skipped(cluster3: Cluster) -> None:
+    url = f"http://127.0.0.1:{free_port()}," + cluster3.url
+    with RqliteTransport(url, queue=fresh_queue()) as q:
+        q.publish("g", 1)
+        lease = q.claim("w", 30)
+        assert lease is not None
+        q.ack(lease)
+
+
+@pytest.mark.parametrize(
+    ("url", "urls", "auth"),
+    [
+        ("http://a:1", ("http://a:1",), None),
+        ("http://a:1,b:2", ("http://a:1", "http://b:2"), None),
+        ("http://a:1,http://b:2/", ("http://a:1", "http://b:2"), None),
+        ("https://u:p%40ss@a:1,b:2", ("https://a:1", "https://b:2"), ("u", "p@ss")),
+    ],
+)
+def test_endpoint_parsing(url: str, urls: tuple[str, ...], auth: Any) -> None:
+    endpoints = parse_endpoints(url)
+    assert (endpoints.urls, endpoints.auth) == (urls, auth)
+
+
+@pytest.mark.parametrize("url", ["http://a:1,https://b:2", "http://a:x", "http://@", "mailto:x"])
+def test_bad_endpoints(url: str) -> None:
+    with pytest.raises(InvalidArgument):
+        parse_endpoints(url)

@@ -20,6 +20,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import threading
@@ -216,9 +217,14 @@ atexit.register(_kill_everything)
 # HTTP helpers
 
 
-def _client(timeout: float = _PROBE_TIMEOUT) -> httpx.Client:
+def _client(
+    timeout: float = _PROBE_TIMEOUT,
+    verify: bool | str = True,
+    auth: tuple[str, str] | None = None,
+) -> httpx.Client:
     # trust_env=False: an HTTP(S)_PROXY in the environment must not capture 127.0.0.1 traffic.
-    return httpx.Client(timeout=timeout, trust_env=False)
+    context = ssl.create_default_context(cafile=verify) if isinstance(verify, str) else verify
+    return httpx.Client(timeout=timeout, trust_env=False, verify=context, auth=auth)
 
 
 def _default_tmp_root() -> str | None:
@@ -248,8 +254,14 @@ class Node:
         join: str | None = None,
         extra_args: Sequence[str] = (),
         log_path: Path | str | None = None,
+        tls: tuple[str, str, str] | None = None,
+        auth: tuple[str, str] | None = None,
     ) -> None:
+        """`tls` = (cert file, key file, CA file) serves HTTPS; `auth` = the (user, password)
+        the harness's own probes send when rqlited runs with `-auth`."""
         self.node_id = node_id
+        self.tls = tls
+        self.auth = auth
         self.binary = binary if binary is not None else find_rqlited()
         self.data_dir = Path(data_dir)
         # Ports we picked may be re-picked on a clash at first start; ports given are kept.
@@ -283,7 +295,11 @@ class Node:
 
     @property
     def http_url(self) -> str:
-        return f"http://{self.http_addr}"
+        return f"{'https' if self.tls else 'http'}://{self.http_addr}"
+
+    def _client(self, timeout: float) -> httpx.Client:
+        verify: bool | str = self.tls[2] if self.tls else True
+        return _client(timeout, verify=verify, auth=self.auth)
 
     @property
     def raft_addr(self) -> str:
@@ -317,6 +333,8 @@ class Node:
         ]
         if self.join:
             cmd += ["-join", self.join]
+        if self.tls:
+            cmd += ["-http-cert", self.tls[0], "-http-key", self.tls[1]]
         cmd += list(self.extra_args)
         cmd.append(str(self.data_dir))
         return cmd
@@ -375,7 +393,7 @@ class Node:
         that happens to hold the port is never mistaken for this node."""
         assert self.process is not None
         deadline = time.monotonic() + timeout
-        with _client(1.0) as client:
+        with self._client(1.0) as client:
             while True:
                 rc = self.process.poll()
                 if rc is not None:
@@ -456,7 +474,7 @@ class Node:
 
     def status(self, timeout: float = _PROBE_TIMEOUT) -> dict[str, Any]:
         """GET /status of this node."""
-        with _client(timeout) as client:
+        with self._client(timeout) as client:
             r = client.get(f"{self.http_url}/status")
             r.raise_for_status()
             data: dict[str, Any] = r.json()
@@ -465,7 +483,7 @@ class Node:
     def is_ready(self, timeout: float = _PROBE_TIMEOUT) -> bool:
         """GET /readyz is 200: the node is up, knows a contactable leader and its store is open."""
         try:
-            with _client(timeout) as client:
+            with self._client(timeout) as client:
                 r = client.get(f"{self.http_url}/readyz", params={"timeout": f"{timeout}s"})
                 return r.status_code == 200
         except httpx.HTTPError:
@@ -498,7 +516,11 @@ class Cluster:
         base_dir: Path | str | None = None,
         extra_args: Iterable[str] = (),
         fast: bool = True,
+        tls: tuple[str, str, str] | None = None,
+        auth: tuple[str, str] | None = None,
     ) -> None:
+        """`tls` and `auth` as for `Node` (a cluster with `-auth` must also let its nodes join:
+        pass `-join-as USER` in `extra_args`)."""
         if n < 1:
             raise ValueError("a cluster needs at least one node")
         self.n = n
@@ -506,6 +528,8 @@ class Cluster:
         self.base_dir = Path(base_dir) if base_dir is not None else None
         self.extra_args = tuple(extra_args)
         self.fast = fast
+        self.tls = tls
+        self.auth = auth
         self.dir: Path | None = None
         self.nodes: list[Node] = []
 
@@ -561,7 +585,14 @@ class Cluster:
             _live_dirs.add(self.dir)
         args = (*FAST_RAFT_ARGS, *self.extra_args) if self.fast else self.extra_args
         try:
-            first = Node("n1", self.dir / "n1", binary=binary, extra_args=args)
+            first = Node(
+                "n1",
+                self.dir / "n1",
+                binary=binary,
+                extra_args=args,
+                tls=self.tls,
+                auth=self.auth,
+            )
             self.nodes.append(first)
             first.start(timeout)
             # Joining before node 1 has elected itself fails with "no leader" and the joiner
@@ -574,6 +605,8 @@ class Cluster:
                     binary=binary,
                     join=first.raft_addr,
                     extra_args=args,
+                    tls=self.tls,
+                    auth=self.auth,
                 )
                 self.nodes.append(node)
                 node.start(timeout)

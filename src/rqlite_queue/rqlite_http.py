@@ -10,7 +10,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from .errors import AuthError, BackendError, InvalidArgument, NoLeader, Unavailable
 from .sql import Batch, Result
@@ -100,22 +100,28 @@ class Endpoints:
 
 
 def parse_endpoints(url: str, auth: tuple[str, str] | None = None) -> Endpoints:
+    """`http://h1:4001,h2:4001` or `http://h1:4001,http://h2:4001` (each part may repeat the
+    scheme); credentials in the URL apply to every node, `auth` overrides them."""
     if not isinstance(url, str) or "://" not in url:
         raise InvalidArgument(f"not an rqlite URL: {url!r}")
-    scheme, rest = url.split("://", 1)
+    scheme = url.split("://", 1)[0]
     if scheme not in ("http", "https"):
         raise InvalidArgument(f"unknown URL scheme {scheme!r} (use http, https or sqlite)")
     credentials = None
-    if "@" in rest.split("/", 1)[0]:
-        userinfo, rest = rest.split("@", 1)
-        user, _, password = userinfo.partition(":")
-        credentials = (user, password)
-    hosts = rest.split("/", 1)[0]
     urls = []
-    for host in hosts.split(","):
-        host = host.strip()
-        if not host:
+    for part in url.split(","):
+        part = part.strip()
+        if not part:
             continue
+        if "://" in part:
+            part_scheme, part = part.split("://", 1)
+            if part_scheme != scheme:
+                raise InvalidArgument(f"mixed schemes in rqlite URL: {url!r}")
+        host = part.split("/", 1)[0]
+        if "@" in host:
+            userinfo, host = host.rsplit("@", 1)
+            user, _, password = userinfo.partition(":")
+            credentials = (unquote(user), unquote(password))
         try:
             parsed = urlsplit(f"{scheme}://{host}")
             parsed.port  # noqa: B018 - raises on a bad port

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import ssl
 import time
 from typing import Any
 
@@ -30,7 +31,7 @@ class AsyncRqliteClient:
         *,
         timeout: float = 10.0,
         deadline: float = 15.0,
-        verify: bool | str = True,
+        verify: bool | str = True,  # or the path of a CA file
         event_hooks: dict[str, list[Any]] | None = None,
     ) -> None:
         self.endpoints = endpoints
@@ -38,7 +39,7 @@ class AsyncRqliteClient:
         self._current = 0
         self._http = httpx.AsyncClient(
             timeout=timeout,
-            verify=verify,
+            verify=ssl.create_default_context(cafile=verify) if isinstance(verify, str) else verify,
             auth=endpoints.auth,
             event_hooks=event_hooks,
         )
