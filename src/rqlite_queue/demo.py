@@ -53,7 +53,7 @@ WORK_SECONDS = (0.02, 0.06)
 """Each message takes this long to handle (uniform), on top of the queue's round trips."""
 SLOW_SECONDS = 0.2
 """The slow worker's extra time per message."""
-CRASH_AT = 3
+CRASH_AT = 2
 """The crashing worker abandons its CRASH_AT-th lease."""
 IDLE_SECONDS = 0.05
 PRIORITY_WEIGHTS = {0: 50, 1: 15, 2: 15, 3: 10, 4: 10}
@@ -451,6 +451,8 @@ def report(
             expected[group].append(seq)
     order_bad = [g for g in work.groups if obs.handled.get(g, []) != expected[g]]
     lost = sorted(set(out.published) - obs.acked - set(obs.dead))
+    stored_dead = {seq for seq, _, _ in out.dead_letters}
+    dead_mismatch = stored_dead != set(obs.dead)
 
     n_groups = len(work.groups)
     first = obs.claims[:n_groups]
@@ -464,6 +466,7 @@ def report(
     prio_count = Counter(work.groups.values())
     processed = len(obs.acked) + len(obs.dead)
     ok = not (order_bad or obs.violations or lost or out.depth or obs.errors or out.timed_out)
+    ok = ok and not dead_mismatch
     ok = ok and not obs.floor_violations
 
     def line(label: str, text: str) -> None:
@@ -502,7 +505,9 @@ def report(
         if c.group in seen:
             repeats[bool(c.min_priority)] += 1
         seen.add(c.group)
-    note = f" (the {repeats[True]} repeat(s): floor claims)" if not repeats[False] else ""
+    note = ""
+    if repeats[True] and not repeats[False]:
+        note = f" (the {repeats[True]} repeat(s): the floor worker's)"
     line(
         "fairness",
         f"first {len(first)} claims served {len(seen)} distinct groups{note};"
@@ -511,15 +516,13 @@ def report(
     )
     line("groups/second", " ".join(str(len(per_second[s])) for s in seconds))
     line("claims/worker", ", ".join(f"{w} {k}" for w, k in sorted(per_worker.items())))
-    line(
-        "priority floor",
-        f"{obs.floor_claims} claims with min_priority={FLOOR}: "
-        + (
-            f"all from groups with priority >= {FLOOR}"
-            if not obs.floor_violations
-            else f"{len(obs.floor_violations)} BELOW the floor"
-        ),
-    )
+    if obs.floor_violations:
+        floor = f"{len(obs.floor_violations)} BELOW the floor: {obs.floor_violations[:3]}"
+    elif obs.floor_claims:
+        floor = f"all from groups with priority >= {FLOOR}"
+    else:
+        floor = "no floor worker (it is the third: use --workers 3 or more)"
+    line("priority floor", f"{obs.floor_claims} claims with min_priority={FLOOR}: {floor}")
     drained = {
         high: max(
             (t - t0 for g, t in obs.done_at.items() if (work.groups[g] >= FLOOR) == high),
@@ -537,7 +540,11 @@ def report(
         f"{obs.parks} nacks with delay {PARK_DELAY} s; at most {out.max_parked}"
         " group(s) parked at once in stats()",
     )
-    line("dead letters", f"{len(out.dead_letters)} (after {MAX_ATTEMPTS} attempts)")
+    line(
+        "dead letters",
+        f"{len(out.dead_letters)} stored (after {MAX_ATTEMPTS} attempts)"
+        + (f"; MISMATCH: workers dead-lettered {sorted(obs.dead)}" if dead_mismatch else ""),
+    )
     for seq, group, reason in out.dead_letters:
         line("", f"seq {seq} {group}: {reason}")
     line("lease lapse", f"{len(obs.redelivered)} redelivered after a crash")

@@ -65,17 +65,24 @@ class AsyncRqliteClient:
                 failure = exc
             except (httpx.TransportError, Unavailable) as exc:
                 if batch.write:
+                    # The write may have applied: the transport decides whether to resend;
+                    # if it does, it should not wait on the same (perhaps frozen) node.
+                    url = self.url
+                    self._rotate()
                     if isinstance(exc, Unavailable):
                         raise
-                    raise Unavailable(f"rqlite at {self.url}: outcome unknown: {exc}") from exc
+                    raise Unavailable(f"rqlite at {url}: outcome unknown: {exc!r}") from exc
                 failure = exc
-            self._current = (self._current + 1) % len(self.endpoints.urls)
+            self._rotate()
             if time.monotonic() + backoff > give_up:
                 if isinstance(failure, Unavailable):
                     raise failure
                 raise Unavailable(f"rqlite: {failure}") from failure
             await asyncio.sleep(backoff * random.uniform(0.5, 1.0))
             backoff = min(backoff * 2, _MAX_BACKOFF)
+
+    def _rotate(self) -> None:
+        self._current = (self._current + 1) % len(self.endpoints.urls)
 
     async def close(self) -> None:
         await self._http.aclose()

@@ -41,6 +41,8 @@ class Transport:
         self._core = core
         self._schema_checked = False
         self.replay_deadline = replay_deadline
+        self.resent = 0
+        """How many batches were sent again after an unknown outcome (for tests, metrics)."""
 
     @property
     def queue(self) -> str:
@@ -105,6 +107,7 @@ class Transport:
         backoff = 0.1
         while True:
             time.sleep(backoff * random.uniform(0.5, 1.0))
+            self.resent += 1
             try:
                 return read(self._executor.execute(plan.batch))
             except Unavailable:

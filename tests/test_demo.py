@@ -1,0 +1,113 @@
+"""The main job (`python -m rqlite_queue.demo`) run as users run it: a subprocess, on the
+embedded SQLite and on a real local rqlite cluster, which it must never leave running."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+DEMO = [sys.executable, "-m", "rqlite_queue.demo"]
+
+
+def rqlited_pids() -> set[int]:
+    """PIDs of every rqlited process on this machine (Linux /proc)."""
+    pids: set[int] = set()
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            argv0 = (entry / "cmdline").read_bytes().split(b"\0", 1)[0]
+        except OSError:
+            continue
+        if os.path.basename(argv0).startswith(b"rqlited"):
+            pids.add(int(entry.name))
+    return pids
+
+
+def left_behind(before: set[int]) -> set[int]:
+    """rqlited processes that appeared since `before` and are still alive a moment later."""
+    deadline = time.monotonic() + 5
+    while (new := rqlited_pids() - before) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return new
+
+
+def run_demo(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*DEMO, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
+
+
+def check_report(out: str, groups: int, messages: int) -> None:
+    total = groups * messages
+    assert re.search(r"result\s+OK", out), out
+    assert re.search(rf"published\s+{total} messages in {groups} groups", out), out
+    assert re.search(rf"= {total} of {total}; lost: 0; left in queue: 0", out), out
+    assert re.search(rf"order\s+held in {groups}/{groups} groups", out), out
+    assert re.search(r"exclusivity\s+0 violations", out), out
+    assert re.search(r"dead letters\s+2 stored", out), out
+    assert out.count("malformed payload (failed 3 attempts)") == 2, out
+    assert re.search(r"lease lapse\s+1 redelivered after a crash", out), out
+    assert "with attempts=2" in out, out
+    assert re.search(r"priority floor\s+\d+ claims with min_priority=3", out), out
+    assert "BELOW the floor" not in out, out
+
+
+def test_demo_on_sqlite() -> None:
+    result = run_demo("--backend", "sqlite", "--groups", "10", "--messages", "5", "--seed", "7")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert re.search(r"backend\s+embedded SQLite", result.stdout)
+    check_report(result.stdout, 10, 5)
+
+
+def test_demo_on_rqlite_cluster(rqlited_binary: str) -> None:
+    before = rqlited_pids()
+    env = dict(os.environ, RQLITED=rqlited_binary)
+    result = run_demo(
+        "--backend", "rqlite", "--groups", "8", "--messages", "4", "--seed", "3", env=env
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert re.search(r"backend\s+rqlite v8\.43\.4, 3 nodes: n1", result.stdout), result.stdout
+    check_report(result.stdout, 8, 4)
+    assert not left_behind(before)
+
+
+def test_demo_interrupted_stops_its_cluster(rqlited_binary: str) -> None:
+    """Ctrl-C in the middle of the run: exit 130, and the cluster is gone."""
+    before = rqlited_pids()
+    env = dict(os.environ, RQLITED=rqlited_binary)
+    proc = subprocess.Popen(
+        [*DEMO, "--backend", "rqlite", "--groups", "20", "--messages", "10"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if "starting" in line and "workers" in line:
+                break
+        else:
+            pytest.fail("the demo never started its workers")
+        assert rqlited_pids() - before, "the demo's cluster is not running"
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, rest
+    assert "interrupted" in rest
+    assert not left_behind(before)
