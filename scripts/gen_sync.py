@@ -23,6 +23,8 @@ REPLACEMENTS = {
     "AsyncRqliteClient": "RqliteClient",
     "AsyncSqliteExecutor": "SqliteExecutor",
     "AsyncExecutor": "Executor",
+    "AsyncRuntime": "SyncRuntime",
+    "AsyncWorker": "Worker",
     "AsyncClient": "Client",
     "aclose": "close",
     "asyncio": "time",

@@ -48,6 +48,11 @@ class AsyncTransport:
     def queue(self) -> str:
         return self._core.names.queue
 
+    @property
+    def clock(self) -> Callable[[], float]:
+        """The clock lease deadlines are computed with."""
+        return self._core.clock
+
     @classmethod
     async def from_url(
         cls, url: str, *, connect_timeout: float = 30.0, **options: Any
