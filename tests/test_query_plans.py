@@ -37,7 +37,7 @@ def hot_batches(n: sql.Names) -> dict[str, sql.Batch]:
         ),
         "publish": sql.publish(n, [sql.NewMessage("g", "{}", 0)], 1.0, 2.0).batch,
         "publish dedup": sql.publish(n, [dedup], 1.0, 2.0).batch,
-        "ack": sql.ack(n, [held]),
+        "ack": sql.ack(n, [held], now=1.0),
         "nack": sql.nack(n, held, now=1.0, delay=0.0),
         "park": sql.nack(n, held, now=1.0, delay=5.0),
         "extend": sql.extend(n, held, until=9.0),

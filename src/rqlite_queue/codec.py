@@ -21,13 +21,15 @@ class Codec(Protocol):
 
 class JsonCodec:
     """The default: JSON values (dicts, lists, strings, numbers, booleans, None). A
-    pydantic-style model is accepted too (dumped with `model_dump_json`); it comes back as a
-    dict: give `ModelCodec(Model)` to get models back."""
+    pydantic-style model is refused: it would come back as a dict; give the transport
+    `codec=Model` (a `ModelCodec`) to get models back."""
 
     def encode(self, payload: Any) -> str:
-        dump = getattr(payload, "model_dump_json", None)
-        if callable(dump) and not isinstance(payload, type):
-            return str(dump())
+        if hasattr(payload, "model_dump_json") and not isinstance(payload, type):
+            raise EncodeError(
+                f"a {type(payload).__name__} model would come back as a dict: "
+                f"open the transport with codec={type(payload).__name__}"
+            )
         try:
             return json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
         except (TypeError, ValueError) as exc:

@@ -168,7 +168,7 @@ class QueueCore:
             if lost:
                 raise LeaseLost(_lost_message(lost, "ack"), lost)
 
-        return Plan(sql.ack(self.names, held), read, _done)
+        return Plan(sql.ack(self.names, held, now=self.clock()), read, _done)
 
     def nack(self, lease: Lease, delay: float) -> Plan[None]:
         if isinstance(delay, bool) or not isinstance(delay, int | float) or delay < 0:

@@ -20,11 +20,13 @@ Tables, per queue (`rq_<queue>_` prefix):
 - `messages`: one row per queued message; `seq` is the FIFO order and the lease's handle.
 - `groups`: one row per group that has messages. It carries the group's whole in-flight state,
   so that claim never has to look at the messages of groups it does not take:
-  `ready` (1: claimable; 0: leased or parked until `until`), `token` (the lease that holds, or
-  last held, the group: the fencing check), `attempts` (claims of the current head),
+  `ready` (1: claimable; 0: leased or parked until `until`), `token` and `head` (the lease
+  that holds, or last held, the group, and the seq it was given: the fencing check),
+  `attempts` (claims of the current head),
   `turn` (the claim counter at its last claim; 0 = never claimed: the round-robin key).
 - `dead`: dead-lettered messages.
 - `dedup`: publish ids seen within the dedup window.
+- `retired`: the last turn of groups that emptied within `RETIRE_WINDOW`.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SCHEMA_VERSION = 1
+RETIRE_WINDOW = 300.0
 MAX_PRIORITY = 4
 QUEUE_NAME = re.compile(r"[a-z0-9_]{1,40}")
 # SQLite's default limit on bound variables is 32766; stay well under it per statement.
@@ -111,7 +114,8 @@ def schema(n: Names) -> Batch:
       until    REAL    NOT NULL DEFAULT 0,
       parked   INTEGER NOT NULL DEFAULT 0,
       attempts INTEGER NOT NULL DEFAULT 0,
-      token    TEXT
+      token    TEXT,
+      head     INTEGER
     );
     -- Claim: the claimable groups of one priority, least recently claimed first (ties: the
     -- rowid, i.e. creation order). One probe per priority level >= min_priority.
@@ -128,6 +132,15 @@ def schema(n: Names) -> Batch:
       published_at REAL NOT NULL,
       dead_at      REAL NOT NULL
     );
+    -- The turn of groups that emptied lately: a group id published again soon after joins the
+    -- round robin where it left it, not as a never-claimed group (which would go first and
+    -- let a group that is refilled after each ack starve the others).
+    CREATE TABLE IF NOT EXISTS {n.retired} (
+      group_id   TEXT PRIMARY KEY,
+      turn       INTEGER NOT NULL,
+      expires_at REAL NOT NULL
+    );
+    CREATE INDEX IF NOT EXISTS {n.retired_expiry} ON {n.retired} (expires_at);
     CREATE TABLE IF NOT EXISTS {n.dedup} (
       dedup_id   TEXT PRIMARY KEY,
       seq        INTEGER NOT NULL,
@@ -210,6 +223,13 @@ def publish(
     return PublishBatch(Batch(tuple(statements)), tuple(sources))
 
 
+# A new group row's turn: where the group left the round robin if it emptied lately, else 0
+# (never claimed).
+_RETIRED_TURN = (
+    "coalesce((SELECT turn FROM {n.retired} WHERE group_id = {g} AND expires_at >= {now}), 0)"
+)
+
+
 def _insert_plain(n: Names, chunk: Sequence[NewMessage], now: float) -> list[Statement]:
     out: list[Statement] = []
     if chunk:
@@ -223,14 +243,17 @@ def _insert_plain(n: Names, chunk: Sequence[NewMessage], now: float) -> list[Sta
                 params,
             )
         )
-        group_values = ", ".join("(?, ?)" for _ in chunk)
+        group_values = ", ".join(
+            f"(?, ?, {_RETIRED_TURN.format(n=n, g='?', now='?')})" for _ in chunk
+        )
         group_params: list[Any] = []
         for m in chunk:
-            group_params += [m.group_id, m.priority]
+            group_params += [m.group_id, m.priority, m.group_id, now]
         # First row for a group wins: that publish fixes the group's priority.
         out.append(
             Statement(
-                f"INSERT OR IGNORE INTO {n.groups} (group_id, priority) VALUES {group_values}",
+                f"INSERT OR IGNORE INTO {n.groups} (group_id, priority, turn) "
+                f"VALUES {group_values}",
                 group_params,
             )
         )
@@ -256,9 +279,10 @@ def _insert_deduplicated(
         ),
         # A duplicate must not recreate the row of a group that has since emptied.
         Statement(
-            f"INSERT OR IGNORE INTO {n.groups} (group_id, priority) "
-            f"SELECT :g, :p WHERE EXISTS (SELECT 1 FROM {n.messages} WHERE group_id = :g)",
-            {"g": m.group_id, "p": m.priority},
+            f"INSERT OR IGNORE INTO {n.groups} (group_id, priority, turn) "
+            f"SELECT :g, :p, {_RETIRED_TURN.format(n=n, g=':g', now=':now')} "
+            f"WHERE EXISTS (SELECT 1 FROM {n.messages} WHERE group_id = :g)",
+            {"g": m.group_id, "p": m.priority, "now": now},
         ),
         Statement(f"SELECT seq FROM {n.dedup} WHERE dedup_id = :d", {"d": m.dedup_id}),
     ]
@@ -317,6 +341,8 @@ def claim(
             Statement(
                 f"UPDATE {n.groups} SET ready = 0, parked = 0, until = :until, token = :token, "
                 f"attempts = attempts + 1, "
+                f"head = (SELECT min(seq) FROM {n.messages} m "
+                f"WHERE m.group_id = {n.groups}.group_id), "
                 f"turn = (SELECT value FROM {n.meta} WHERE key = 'turn') "
                 f"WHERE rowid IN (SELECT r FROM ({per_level}) ORDER BY turn, r LIMIT :count) "
                 f"AND NOT EXISTS (SELECT 1 FROM {n.groups} "
@@ -332,7 +358,7 @@ def claim(
 _HELD_HEADS = (
     "SELECT m.seq, m.group_id, m.event, g.attempts, g.until "
     "FROM {n.groups} g JOIN {n.messages} m "
-    "ON m.seq = (SELECT min(seq) FROM {n.messages} WHERE group_id = g.group_id) "
+    "ON m.seq = g.head "
     "WHERE g.ready = 0 AND g.until = :until AND g.token = :token "
     "ORDER BY g.rowid"
 )
@@ -365,59 +391,68 @@ class Held:
     token: str
 
 
+# The lease (group, token, seq) still holds its group. Every call on a lease checks this, so
+# a stale lease, or a hand-made one naming another message, changes nothing.
+_HOLDS = "group_id = :g AND token = :token AND head = :seq"
+
+
 def _holds(n: Names) -> str:
-    return f"EXISTS (SELECT 1 FROM {n.groups} WHERE group_id = :g AND token = :token)"
+    return f"EXISTS (SELECT 1 FROM {n.groups} WHERE {_HOLDS})"
 
 
-def _finish_head(n: Names, held: Held) -> list[Statement]:
+def _finish_head(n: Names, held: Held, now: float) -> list[Statement]:
     """Remove the head this lease holds and free its group (dropping the group's row when it
-    has no message left). Every statement checks the token, so a stale lease changes nothing;
-    the last one's rows_affected says whether the lease held."""
+    has no message left, remembering its turn). Every statement checks that the lease holds,
+    so a stale lease changes nothing; the first one's rows_affected says whether it held."""
     p = {"g": held.group_id, "token": held.token, "seq": held.seq}
+    emptied = f"NOT EXISTS (SELECT 1 FROM {n.messages} WHERE group_id = :g)"
     return [
+        Statement(f"DELETE FROM {n.messages} WHERE seq = :seq AND {_holds(n)}", p),
         Statement(
-            f"DELETE FROM {n.messages} WHERE seq = :seq AND group_id = :g AND {_holds(n)}", p
+            f"INSERT OR REPLACE INTO {n.retired} (group_id, turn, expires_at) "
+            f"SELECT group_id, turn, :until FROM {n.groups} "
+            f"WHERE {_HOLDS} AND turn > 0 AND {emptied}",
+            {**p, "until": now + RETIRE_WINDOW},
         ),
-        Statement(
-            f"DELETE FROM {n.groups} WHERE group_id = :g AND token = :token "
-            f"AND NOT EXISTS (SELECT 1 FROM {n.messages} WHERE group_id = :g)",
-            {"g": held.group_id, "token": held.token},
-        ),
+        Statement(f"DELETE FROM {n.groups} WHERE {_HOLDS} AND {emptied}", p),
         Statement(
             f"UPDATE {n.groups} SET ready = 1, parked = 0, until = 0, attempts = 0, "
-            f"token = NULL WHERE group_id = :g AND token = :token",
-            {"g": held.group_id, "token": held.token},
+            f"token = NULL, head = NULL WHERE {_HOLDS}",
+            p,
         ),
     ]
 
 
-def ack(n: Names, leases: Sequence[Held]) -> Batch:
-    statements: list[Statement] = []
+_FINISH = 4  # statements per lease in `_finish_head`
+
+
+def ack(n: Names, leases: Sequence[Held], *, now: float) -> Batch:
+    statements = [
+        # Forget retired turns past the window (index on expires_at: touches only those).
+        Statement(f"DELETE FROM {n.retired} WHERE expires_at < :now", {"now": now})
+    ]
     for held in leases:
-        statements += _finish_head(n, held)
+        statements += _finish_head(n, held, now)
     return Batch(tuple(statements))
 
 
 def read_ack(results: Sequence[Result]) -> list[bool]:
     """Per lease: did it hold (and so was its message removed)?"""
-    return [results[i].rows_affected == 1 for i in range(0, len(results), 3)]
+    return [results[i].rows_affected == 1 for i in range(1, len(results), _FINISH)]
 
 
 def nack(n: Names, held: Held, *, now: float, delay: float) -> Batch:
     """Give the group back: claimable now (delay 0) or parked until now + delay. Either way
     the head stays the head, so order is kept through retries."""
-    p: dict[str, Any] = {"g": held.group_id, "token": held.token}
+    p: dict[str, Any] = {"g": held.group_id, "token": held.token, "seq": held.seq}
     if delay > 0:
         sql = (
             f"UPDATE {n.groups} SET ready = 0, parked = 1, until = :until, token = NULL "
-            f"WHERE group_id = :g AND token = :token"
+            f"WHERE {_HOLDS}"
         )
         p["until"] = now + delay
     else:
-        sql = (
-            f"UPDATE {n.groups} SET ready = 1, parked = 0, until = 0, token = NULL "
-            f"WHERE group_id = :g AND token = :token"
-        )
+        sql = f"UPDATE {n.groups} SET ready = 1, parked = 0, until = 0, token = NULL WHERE {_HOLDS}"
     return Batch((Statement(sql, p),))
 
 
@@ -426,9 +461,8 @@ def extend(n: Names, held: Held, *, until: float) -> Batch:
     return Batch(
         (
             Statement(
-                f"UPDATE {n.groups} SET ready = 0, parked = 0, until = :until "
-                f"WHERE group_id = :g AND token = :token",
-                {"g": held.group_id, "token": held.token, "until": until},
+                f"UPDATE {n.groups} SET ready = 0, parked = 0, until = :until WHERE {_HOLDS}",
+                {"g": held.group_id, "token": held.token, "seq": held.seq, "until": until},
             ),
         )
     )
@@ -453,10 +487,10 @@ def dead_letter(n: Names, held: Held, *, reason: str, now: float) -> Batch:
         f"SELECT m.seq, m.group_id, m.event, g.priority, g.attempts, :reason, "
         f"m.published_at, :now FROM {n.messages} m JOIN {n.groups} g "
         f"ON g.group_id = m.group_id WHERE m.seq = :seq AND g.group_id = :g "
-        f"AND g.token = :token",
+        f"AND g.token = :token AND g.head = :seq",
         p,
     )
-    return Batch((copy, *_finish_head(n, held)))
+    return Batch((copy, *_finish_head(n, held, now)))
 
 
 # --------------------------------------------------------------------------- dead letters
@@ -494,9 +528,11 @@ def requeue_dead(n: Names, seqs: Sequence[int] | None, *, now: float) -> Batch:
                 [now, *params],
             ),
             Statement(
-                f"INSERT OR IGNORE INTO {n.groups} (group_id, priority) "
-                f"SELECT group_id, max(priority) FROM {n.dead} {where} GROUP BY group_id",
-                params,
+                f"INSERT OR IGNORE INTO {n.groups} (group_id, priority, turn) "
+                f"SELECT group_id, max(priority), "
+                f"{_RETIRED_TURN.format(n=n, g=n.dead + '.group_id', now='?')} "
+                f"FROM {n.dead} {where} GROUP BY group_id",
+                [now, *params],
             ),
             Statement(f"DELETE FROM {n.dead} {where}", params),
         )

@@ -13,6 +13,7 @@ import pytest
 from rqlite_queue import (
     EncodeError,
     InvalidArgument,
+    Lease,
     LeaseLost,
     ModelCodec,
     PayloadTooLarge,
@@ -173,6 +174,33 @@ async def test_never_claimed_groups_come_first_and_a_hot_group_cannot_starve_oth
     await q.publish("cold", "c")
     # "cold" was never claimed: it is served before "hot" comes round again.
     assert (await q.claim("w", 30)).group_id == "cold"
+
+
+async def test_a_group_refilled_after_each_ack_does_not_starve_the_others(q: Any) -> None:
+    """A workflow that publishes its next event after acking the last one empties its group
+    each time; the recreated group keeps its place in the round robin."""
+    await q.publish_many([("a", 1), ("a", 2), ("b", 1), ("b", 2), ("hot", 0)])
+    served = []
+    for step in range(6):
+        lease = await q.claim("w", 30)
+        served.append(lease.group_id)
+        await q.ack(lease)
+        if lease.group_id == "hot":
+            await q.publish("hot", step)
+    assert served == ["a", "b", "hot", "a", "b", "hot"]
+
+
+async def test_a_hand_made_lease_cannot_remove_a_later_message(q: Any) -> None:
+    await q.publish("g", 1)
+    second = await q.publish("g", 2)
+    lease = await q.claim("w", 30)
+    forged = Lease(second, "g", 2, lease.token)
+    with pytest.raises(LeaseLost):
+        await q.ack(forged)
+    with pytest.raises(LeaseLost):
+        await q.dead_letter(forged, "x")
+    assert [e for _, e in await q.peek("g")] == [1, 2]
+    await q.ack(lease)
 
 
 async def test_least_recently_claimed_group_is_served_first(q: Any) -> None:
@@ -361,6 +389,9 @@ async def test_models_round_trip_with_a_model_codec(make_queue: MakeQueue) -> No
     assert lease.event == Order(id=1, items=["a"])
     with pytest.raises(EncodeError):
         await q.publish("g", {"id": 1})
+    plain = await make_queue(queue=q.queue + "_j")
+    with pytest.raises(EncodeError, match="codec=Order"):
+        await plain.publish("g", Order(id=3, items=[]))
     q2 = await make_queue(codec=ModelCodec(Order), queue=q.queue + "_m")
     await q2.publish("g", Order(id=2, items=[]))
     assert (await q2.claim("w", 30)).event.id == 2

@@ -1,0 +1,430 @@
+"""The contract as a state machine: random sequences of calls, each checked against a small
+in-memory model of the queue (docs/contract.md).
+
+The model predicts exactly which lease every `claim` returns (round robin: the eligible group
+claimed least recently, never-claimed groups first, ties in group creation order; priority
+floor; in flight = leased and not lapsed, or parked and not yet free), when a call on a lease
+must raise `LeaseLost` (fencing), what `publish` returns (seqs, dedup ids within the window),
+and what `stats()` and `peek` report. The clock is a `FakeClock` that only the machine moves.
+
+A lease holds while its token is its group's current token: a later claim of the group
+replaces the token; ack, nack and dead_letter of that lease clear it; a lapsed lease nobody
+took over still holds (a claim frees lapsed groups but keeps their token). A group is forgotten
+when its last message goes (ack or dead letter) and starts afresh on its next publish: new
+creation order, never claimed, priority set by that publish.
+
+Runs: a short one on SQLite by default (100 examples x 30 steps), a long one on SQLite marked
+slow (300 x 50), and a short one on the real one-node rqlite (20 x 25, a fresh queue per
+example)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import uuid
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import event as note_event
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    MultipleResults,
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    multiple,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from rqlite_queue import Lease, LeaseLost, RqliteTransport, SqliteTransport, Transport
+from rqlite_queue.cluster import Cluster
+from rqlite_queue.sql import RETIRE_WINDOW
+
+from .conftest import FakeClock
+
+GROUPS = ("a", "b", "c", "d")
+DEDUP_IDS = ("d1", "d2", "d3")
+DEDUP_WINDOW = 50.0
+
+groups = st.sampled_from(GROUPS)
+priorities = st.integers(0, 4)
+# Claims mostly take every priority; a floor now and then.
+floors = st.sampled_from([0, 0, 0, 1, 2, 3, 4])
+# Mostly plain publishes; an id from a small pool now and then, so that some repeat.
+dedup_ids = st.sampled_from([None] * 8 + list(DEDUP_IDS))
+visibilities = st.sampled_from([3.0, 5.0, 10.0, 30.0])
+delays = st.sampled_from([0, 0, 2.5, 10])
+advances = st.sampled_from([0.5, 2.5, 3.0, 5.0, 10.0, 30.0, 60.0])
+
+
+# --------------------------------------------------------------------------------- model
+
+
+@dataclass
+class Group:
+    priority: int
+    created: int
+    """Creation order: the round-robin tie-break."""
+    messages: deque[tuple[int, Any, float]] = field(default_factory=deque)
+    """(seq, event, published_at), head first."""
+    turn: int = 0
+    """The claim counter at the group's last claim; 0: never claimed."""
+    attempts: int = 0
+    """Claims of the current head."""
+    token: str | None = None
+    """The lease that holds the group (or held it and lapsed, with nobody taking over)."""
+    state: str = "free"
+    """free, leased or parked; leased and parked last until `until`."""
+    until: float = 0.0
+
+
+@dataclass(frozen=True)
+class Predicted:
+    group_id: str
+    seq: int
+    event: Any
+    attempts: int
+    expires_at: float
+
+
+class Model:
+    def __init__(self, now: float, dedup_window: float) -> None:
+        self.now = now
+        self.dedup_window = dedup_window
+        self.groups: dict[str, Group] = {}
+        self.dedup: dict[str, tuple[int, float]] = {}  # id -> (seq, expires_at)
+        self.dead: list[tuple[int, str, Any, int, int]] = []
+        self._seq = itertools.count(1)
+        self._created = itertools.count()
+        self._turn = itertools.count(1)
+        self.retired: dict[str, tuple[int, float]] = {}  # emptied group -> (turn, expires_at)
+
+    # -------------------------------------------------------------------------- reading
+
+    def busy(self, g: Group) -> bool:
+        """In flight: leased and not lapsed, or parked and not yet free."""
+        return g.state != "free" and g.until > self.now
+
+    def holds(self, lease: Lease) -> bool:
+        g = self.groups.get(lease.group_id)
+        held = g is not None and g.token == lease.token
+        if held and g is not None and g.until <= self.now:
+            note_event("a lapsed lease nobody took over still holds")
+        return held
+
+    # -------------------------------------------------------------------------- writing
+
+    def publish(self, group_id: str, event: Any, priority: int, dedup_id: str | None) -> int:
+        if dedup_id is not None:
+            self.dedup = {d: v for d, v in self.dedup.items() if v[1] >= self.now}
+            if dedup_id in self.dedup:
+                note_event("a dedup id repeats within the window")
+                return self.dedup[dedup_id][0]
+        seq = next(self._seq)
+        if group_id not in self.groups:
+            group = self.groups[group_id] = Group(priority, next(self._created))
+            turn, expires_at = self.retired.get(group_id, (0, 0.0))
+            if expires_at >= self.now:
+                # Emptied lately: it takes its place in the round robin back.
+                group.turn = turn
+        self.groups[group_id].messages.append((seq, event, self.now))
+        if dedup_id is not None:
+            self.dedup[dedup_id] = (seq, self.now + self.dedup_window)
+        return seq
+
+    def claim(self, n: int, min_priority: int, visibility: float) -> list[Predicted]:
+        turn = next(self._turn)
+        eligible = [
+            (gid, g)
+            for gid, g in self.groups.items()
+            if g.messages and not self.busy(g) and g.priority >= min_priority
+        ]
+        eligible.sort(key=lambda item: (item[1].turn, item[1].created))
+        out = []
+        for gid, g in eligible[:n]:
+            g.turn = turn
+            g.attempts += 1
+            g.state, g.until = "leased", self.now + visibility
+            g.token = None  # set to the real token once the claim has returned
+            seq, event, _ = g.messages[0]
+            out.append(Predicted(gid, seq, event, g.attempts, g.until))
+        return out
+
+    def _finish(self, lease: Lease) -> None:
+        """The held head goes; the group is free again, or forgotten if now empty."""
+        g = self.groups[lease.group_id]
+        seq, _, _ = g.messages.popleft()
+        assert seq == lease.seq, "model: a holding lease is always on its group's head"
+        g.attempts, g.token, g.state, g.until = 0, None, "free", 0.0
+        if not g.messages:
+            if g.turn > 0:
+                self.retired[lease.group_id] = (g.turn, self.now + RETIRE_WINDOW)
+            del self.groups[lease.group_id]
+
+    def ack(self, lease: Lease) -> bool:
+        if not self.holds(lease):
+            return False
+        self._finish(lease)
+        return True
+
+    def dead_letter(self, lease: Lease) -> bool:
+        if not self.holds(lease):
+            return False
+        g = self.groups[lease.group_id]
+        self.dead.append((lease.seq, lease.group_id, lease.event, g.priority, g.attempts))
+        self._finish(lease)
+        return True
+
+    def nack(self, lease: Lease, delay: float) -> bool:
+        if not self.holds(lease):
+            return False
+        g = self.groups[lease.group_id]
+        g.token = None
+        g.state, g.until = ("parked", self.now + delay) if delay > 0 else ("free", 0.0)
+        return True
+
+    def extend(self, lease: Lease, visibility: float) -> bool:
+        if not self.holds(lease):
+            return False
+        g = self.groups[lease.group_id]
+        g.state, g.until = "leased", self.now + visibility
+        return True
+
+
+# -------------------------------------------------------------------------- state machine
+
+
+class QueueMachine(RuleBasedStateMachine):
+    """Drives one transport and the model side by side. Subclasses say which transport."""
+
+    leases = Bundle("leases")
+
+    def open(self, clock: FakeClock) -> Transport:
+        raise NotImplementedError
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = FakeClock()
+        self.q = self.open(self.clock)
+        self.model = Model(self.clock.now, DEDUP_WINDOW)
+        self.events = itertools.count()
+
+    def teardown(self) -> None:
+        self.q.close()
+
+    def expect(self, held: bool, call: Callable[[], Any]) -> Any:
+        """Run a fenced call: it must succeed exactly when the model says the lease holds."""
+        if held:
+            return call()
+        note_event("a stale lease is fenced")
+        with pytest.raises(LeaseLost):
+            call()
+        return None
+
+    # -------------------------------------------------------------------------- publish
+
+    @rule(group_id=groups, priority=priorities, dedup_id=dedup_ids)
+    def publish(self, group_id: str, priority: int, dedup_id: str | None) -> None:
+        event = next(self.events)
+        seq = self.q.publish(group_id, event, priority, dedup_id=dedup_id)
+        assert seq == self.model.publish(group_id, event, priority, dedup_id)
+
+    @initialize(items=st.lists(st.tuples(groups, priorities, dedup_ids), max_size=12))
+    def a_backlog(self, items: list[tuple[str, int, str | None]]) -> None:
+        if items:
+            self.publish_many(items)
+
+    @rule(items=st.lists(st.tuples(groups, priorities, dedup_ids), min_size=1, max_size=6))
+    def publish_many(self, items: list[tuple[str, int, str | None]]) -> None:
+        batch: list[Any] = []
+        for group_id, priority, dedup_id in items:
+            event = next(self.events)
+            if dedup_id is None and priority == 0:
+                batch.append((group_id, event))
+            elif dedup_id is None:
+                batch.append((group_id, event, priority))
+            else:
+                batch.append(
+                    {
+                        "group_id": group_id,
+                        "event": event,
+                        "priority": priority,
+                        "dedup_id": dedup_id,
+                    }
+                )
+        seqs = self.q.publish_many(batch)
+        # The model publishes them one by one: same order, same `now`.
+        expected = [self.model.publish(*unpack(item)) for item in batch]
+        assert seqs == expected
+
+    # ---------------------------------------------------------------------------- claim
+
+    def _claimed(
+        self, leases: Sequence[Lease], predicted: list[Predicted]
+    ) -> MultipleResults[Lease]:
+        got = {
+            lease.group_id: (lease.seq, lease.event, lease.attempts, lease.expires_at)
+            for lease in leases
+        }
+        want = {p.group_id: (p.seq, p.event, p.attempts, p.expires_at) for p in predicted}
+        assert got == want
+        assert len(leases) == len(got), "one lease per group"
+        note_event(f"claim took {len(leases)} groups")
+        if any(p.attempts > 1 for p in predicted):
+            note_event("a message is claimed again")
+        for lease in leases:
+            self.model.groups[lease.group_id].token = lease.token
+        return multiple(*leases)
+
+    @rule(target=leases, min_priority=floors, visibility=visibilities)
+    def claim(self, min_priority: int, visibility: float) -> MultipleResults[Lease]:
+        lease = self.q.claim("w", visibility, min_priority)
+        predicted = self.model.claim(1, min_priority, visibility)
+        return self._claimed([] if lease is None else [lease], predicted)
+
+    @rule(target=leases, n=st.integers(1, 4), min_priority=floors, visibility=visibilities)
+    def claim_many(self, n: int, min_priority: int, visibility: float) -> MultipleResults[Lease]:
+        leases = self.q.claim_many("w", visibility, n, min_priority)
+        return self._claimed(leases, self.model.claim(n, min_priority, visibility))
+
+    # ------------------------------------------------------------------ calls on a lease
+
+    @rule(lease=leases)
+    def ack(self, lease: Lease) -> None:
+        self.expect(self.model.holds(lease), lambda: self.q.ack(lease))
+        self.model.ack(lease)
+
+    @rule(leases=st.lists(leases, min_size=1, max_size=3))
+    def ack_many(self, leases: list[Lease]) -> None:
+        lost = [lease for lease in leases if not self.model.ack(lease)]
+        if not lost:
+            self.q.ack_many(leases)
+            return
+        with pytest.raises(LeaseLost) as raised:
+            self.q.ack_many(leases)
+        assert raised.value.leases == lost
+
+    @rule(lease=leases, delay=delays)
+    def nack(self, lease: Lease, delay: float) -> None:
+        self.expect(self.model.holds(lease), lambda: self.q.nack(lease, delay))
+        self.model.nack(lease, delay)
+
+    @rule(lease=leases, visibility=visibilities)
+    def extend(self, lease: Lease, visibility: float) -> None:
+        extended = self.expect(self.model.holds(lease), lambda: self.q.extend(lease, visibility))
+        if self.model.extend(lease, visibility):
+            assert extended.expires_at == self.clock.now + visibility
+            assert (extended.seq, extended.token) == (lease.seq, lease.token)
+
+    @rule(lease=leases)
+    def dead_letter(self, lease: Lease) -> None:
+        self.expect(self.model.holds(lease), lambda: self.q.dead_letter(lease, "poison"))
+        if self.model.dead_letter(lease):
+            dead = self.q.dead_letters(1000)
+            got = [(d.seq, d.group_id, d.event, d.priority, d.attempts) for d in dead]
+            assert got == sorted(self.model.dead)  # listed in seq order
+
+    # ------------------------------------------------------------------------ time, reads
+
+    @rule(seconds=advances)
+    def advance(self, seconds: float) -> None:
+        self.clock.advance(seconds)
+        self.model.now = self.clock.now
+
+    @precondition(lambda self: bool(self.model.groups))
+    @rule(data=st.data())
+    def peek(self, data: st.DataObject) -> None:
+        group_id = data.draw(st.sampled_from(sorted(self.model.groups)))
+        want = [(seq, event) for seq, event, _ in self.model.groups[group_id].messages]
+        assert self.q.peek(group_id, 100) == want
+
+    @invariant()
+    def stats_match_the_model(self) -> None:
+        m = self.model
+        stats = self.q.stats()
+        live = list(m.groups.values())
+        in_flight = sum(1 for g in live if g.state == "leased" and m.busy(g))
+        parked = sum(1 for g in live if g.state == "parked" and m.busy(g))
+        by_priority: dict[int, int] = {}
+        for g in live:
+            by_priority[g.priority] = by_priority.get(g.priority, 0) + len(g.messages)
+        assert (stats.depth, stats.groups, stats.in_flight, stats.parked, stats.dead) == (
+            sum(len(g.messages) for g in live),
+            len(live),
+            in_flight,
+            parked,
+            len(m.dead),
+        )
+        assert stats.by_priority == by_priority
+        oldest = min((p for g in live for _, _, p in g.messages), default=None)
+        if oldest is None:
+            assert stats.oldest_age is None
+        else:
+            assert stats.oldest_age == pytest.approx(m.now - oldest)
+
+
+def unpack(item: Any) -> tuple[str, Any, int, str | None]:
+    if isinstance(item, dict):
+        return item["group_id"], item["event"], item["priority"], item["dedup_id"]
+    if len(item) == 2:
+        return item[0], item[1], 0, None
+    return item[0], item[1], item[2], None
+
+
+def machine(open_transport: Callable[[FakeClock], Transport]) -> type[QueueMachine]:
+    class Machine(QueueMachine):
+        def open(self, clock: FakeClock) -> Transport:
+            return open_transport(clock)
+
+    return Machine
+
+
+def on_sqlite(tmp_path: Path) -> Callable[[FakeClock], Transport]:
+    def open_transport(clock: FakeClock) -> Transport:
+        path = os.fspath(tmp_path / f"sm_{uuid.uuid4().hex[:12]}.db")
+        return SqliteTransport(path, clock=clock, dedup_window=DEDUP_WINDOW)
+
+    return open_transport
+
+
+def run(machine_class: type[QueueMachine], examples: int, steps: int) -> None:
+    run_state_machine_as_test(
+        machine_class,
+        settings=settings(
+            max_examples=examples,
+            stateful_step_count=steps,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow],
+        ),
+    )
+
+
+# --------------------------------------------------------------------------------- runs
+
+
+def test_the_contract_holds_on_sqlite(tmp_path: Path) -> None:
+    run(machine(on_sqlite(tmp_path)), examples=100, steps=30)
+
+
+@pytest.mark.slow
+def test_the_contract_holds_on_sqlite_long(tmp_path: Path) -> None:
+    run(machine(on_sqlite(tmp_path)), examples=300, steps=50)
+
+
+def test_the_contract_holds_on_rqlite(cluster1: Cluster) -> None:
+    url = cluster1.url
+
+    def open_transport(clock: FakeClock) -> Transport:
+        # A fresh queue (tables created on the first call) per example.
+        queue = f"sm_{uuid.uuid4().hex[:12]}"
+        return RqliteTransport(url, clock=clock, queue=queue, dedup_window=DEDUP_WINDOW)
+
+    run(machine(open_transport), examples=20, steps=25)
