@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup rqlited test lint typecheck unit demo bench chaos generate clean
+.PHONY: setup rqlited test lint typecheck unit docs demo bench chaos generate clean
 
 setup: $(STAMP) rqlited
 
@@ -31,13 +31,25 @@ typecheck: $(STAMP)
 unit: setup
 	RQLITED="$$(scripts/build-rqlited)" $(BIN)/pytest -q $(PYTEST_ARGS)
 
-test: setup lint typecheck unit
+# The documentation site (mkdocs.yml, docs/): fails on any warning; output in site/.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+test: setup lint typecheck unit docs
 
 demo: setup
 	RQLITED="$$(scripts/build-rqlited)" $(BIN)/python -m rqlite_queue.demo $(DEMO_ARGS)
 
-bench: setup
-	@echo "bench: not written yet (see the performance issue)"; exit 1
+BENCH_STAMP := $(VENV)/.bench-installed
+
+$(BENCH_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/python -m pip install -q -e '.[dev,bench]'
+	touch $(BENCH_STAMP)
+
+# Quick (a few minutes): `make bench`; 1M-message backlogs: `make bench FULL=1`.
+# Tables in bench/results/latest.md, plots beside it; see BENCHMARKS.md.
+bench: setup $(BENCH_STAMP)
+	RQLITED="$$(scripts/build-rqlited)" $(BIN)/python bench/run.py $(if $(FULL),--full,) $(BENCH_ARGS)
 
 # The long chaos run (a short one is part of `make test`); writes docs/reliability.md.
 chaos: setup

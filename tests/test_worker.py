@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -214,3 +216,27 @@ def test_priority_share_serves_high_priority_groups_first(tmp_path: Path) -> Non
     # Every other claim takes a high-priority group while there is one.
     assert [g.startswith("high") for g in order[:10]] == [True, False] * 5
     q.close()
+
+
+def test_a_stuck_handler_does_not_keep_the_process_alive(tmp_path: Path) -> None:
+    """After the grace period the stuck handler's lease is nacked and the process may exit."""
+    script = f"""
+import threading, time
+from rqlite_queue import Transport
+from rqlite_queue.worker import Worker
+q = Transport.from_url("sqlite:///{tmp_path}/q.db")
+q.publish("g", 1)
+started = threading.Event()
+def handler(lease):
+    started.set()
+    time.sleep(30)
+worker = Worker(q, handler, grace=0.3)
+threading.Thread(target=lambda: (started.wait(), worker.stop())).start()
+worker.run(handle_signals=False)
+print("nacked", worker.stats.nacked)
+"""
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "nacked 1"
+    assert time.monotonic() - started < 15

@@ -6,11 +6,11 @@ written once (in `_async/worker.py`, with `_sync/worker.py` generated from it) o
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import inspect
 import signal
 import threading
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -80,23 +80,25 @@ class AsyncRuntime:
 
 class SyncRuntime:
     def __init__(self, concurrency: int) -> None:
-        self._pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=concurrency + 1, thread_name_prefix="rqlite-queue-worker"
-        )
-        self._futures: set[concurrent.futures.Future[Any]] = set()
+        # Daemon threads, not a pool: after the grace period a stuck handler is abandoned
+        # (its lease nacked), and it must not keep the process from exiting.
+        self._threads: set[threading.Thread] = set()
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._previous: dict[signal.Signals, Any] = {}
 
     def spawn(self, fn: Callable[..., Any], *args: Any) -> None:
-        future = self._pool.submit(fn, *args)
-        with self._lock:
-            self._futures.add(future)
-        future.add_done_callback(self._forget)
+        def run() -> None:
+            try:
+                fn(*args)
+            finally:
+                with self._lock:
+                    self._threads.discard(threading.current_thread())
 
-    def _forget(self, future: concurrent.futures.Future[Any]) -> None:
+        thread = threading.Thread(target=run, name="rqlite-queue-worker", daemon=True)
         with self._lock:
-            self._futures.discard(future)
+            self._threads.add(thread)
+        thread.start()
 
     def call(self, handler: Callable[..., Any], *args: Any) -> Any:
         if inspect.iscoroutinefunction(handler):
@@ -111,15 +113,21 @@ class SyncRuntime:
         self._wake.set()
 
     def wait_all(self, timeout: float) -> bool:
-        with self._lock:
-            pending = set(self._futures)
-        _, still = concurrent.futures.wait(pending, timeout=timeout)
-        return not still
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                pending = [t for t in self._threads if t.is_alive()]
+            if not pending:
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            pending[0].join(left)
 
     def cancel_all(self) -> None:
-        # Threads cannot be cancelled: the pool is shut down without waiting; handlers still
-        # running finish on their own and find their leases nacked.
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        # Threads cannot be cancelled: handlers still running finish on their own (daemon
+        # threads: they do not hold the process) and find their leases nacked.
+        pass
 
     def install_signals(self, on_signal: Callable[[], None]) -> None:
         if threading.current_thread() is not threading.main_thread():

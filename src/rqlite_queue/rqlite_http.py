@@ -7,6 +7,7 @@ Followers forward both to the leader (rqlite v8 does not redirect unless asked).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -133,3 +134,8 @@ def parse_endpoints(url: str, auth: tuple[str, str] | None = None) -> Endpoints:
     if not urls:
         raise InvalidArgument(f"no host in rqlite URL: {url!r}")
     return Endpoints(tuple(urls), auth if auth is not None else credentials)
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for messages and logs."""
+    return re.sub(r"(://[^:/@,]*):[^@/]*@", r"\1:***@", url)

@@ -1,7 +1,7 @@
 """The worker runtime: `Worker` (threads) and `AsyncWorker` (asyncio tasks)."""
 
-from ._async.worker import AsyncWorker, WorkerStats
+from ._async.worker import CLAIM_BUCKETS, AsyncWorker, WorkerStats
 from ._sync.worker import Worker
 from .worker_policy import Backoff, IdlePoll
 
-__all__ = ["AsyncWorker", "Backoff", "IdlePoll", "Worker", "WorkerStats"]
+__all__ = ["CLAIM_BUCKETS", "AsyncWorker", "Backoff", "IdlePoll", "Worker", "WorkerStats"]

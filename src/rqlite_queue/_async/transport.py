@@ -14,7 +14,7 @@ from ..codec import Codec
 from ..core import DEFAULT_DEDUP_WINDOW, DEFAULT_MAX_PAYLOAD_BYTES, Plan, PublishItem, QueueCore
 from ..errors import InvalidArgument, SchemaError, Unavailable
 from ..lease import DeadLetter, Lease, Stats
-from ..rqlite_http import parse_endpoints
+from ..rqlite_http import parse_endpoints, redact
 from ..sql import SCHEMA_VERSION, Batch, Result
 from ..sqlite_backend import AsyncSqliteExecutor
 from .rqlite_client import AsyncRqliteClient
@@ -72,18 +72,23 @@ class AsyncTransport:
         give_up = time.monotonic() + connect_timeout
         while True:
             try:
-                await transport.setup()
+                # No single attempt may outlast what is left of connect_timeout.
+                await transport._with_deadline(max(0.1, give_up - time.monotonic()))
                 return transport
             except Unavailable as exc:
                 if time.monotonic() >= give_up:
                     await transport.close()
                     raise Unavailable(
-                        f"{url}: not available after {connect_timeout:.0f}s: {exc}"
+                        f"{redact(url)}: not available after {connect_timeout:g}s: {exc}"
                     ) from exc
                 await asyncio.sleep(0.2)
             except BaseException:
                 await transport.close()
                 raise
+
+    async def _with_deadline(self, seconds: float) -> None:
+        """`setup()`, with the backend's own retry deadline capped at `seconds`."""
+        await self.setup()
 
     async def setup(self) -> None:
         """Create the queue's tables if missing, and check their version."""
@@ -244,6 +249,14 @@ class AsyncRqliteTransport(AsyncTransport):
             event_hooks=event_hooks,
         )
         super().__init__(self.client, core, replay_deadline=deadline)
+
+    async def _with_deadline(self, seconds: float) -> None:
+        saved = self.client.deadline
+        self.client.deadline = min(saved, seconds)
+        try:
+            await self.setup()
+        finally:
+            self.client.deadline = saved
 
 
 class AsyncSqliteTransport(AsyncTransport):

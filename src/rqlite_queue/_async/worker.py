@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .._runtime import AsyncRuntime
@@ -23,6 +23,9 @@ from ..worker_policy import Backoff, IdlePoll, PriorityShare, failure_reason, he
 from .transport import AsyncTransport
 
 log = logging.getLogger("rqlite_queue.worker")
+
+# Upper bounds (seconds) of the claim-latency histogram.
+CLAIM_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
 @dataclass
@@ -39,6 +42,15 @@ class WorkerStats:
     claim_seconds: float = 0.0
     """Total time spent in claim calls (divide by claim rounds for the mean latency)."""
     claim_rounds: int = 0
+    claim_buckets: list[int] = field(default_factory=lambda: [0] * len(CLAIM_BUCKETS))
+    """Claim rounds that took at most each of `CLAIM_BUCKETS` seconds (cumulative)."""
+
+    def record_claim(self, seconds: float) -> None:
+        self.claim_rounds += 1
+        self.claim_seconds += seconds
+        for i, bound in enumerate(CLAIM_BUCKETS):
+            if seconds <= bound:
+                self.claim_buckets[i] += 1
 
 
 class AsyncWorker:
@@ -159,8 +171,7 @@ class AsyncWorker:
             log.warning("worker %s: claim failed: %s", self.worker_id, exc)
             return []
         finally:
-            self.stats.claim_rounds += 1
-            self.stats.claim_seconds += time.monotonic() - started
+            self.stats.record_claim(time.monotonic() - started)
         self.stats.claimed += len(leases)
         return leases
 

@@ -14,7 +14,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .._runtime import SyncRuntime
@@ -24,6 +24,9 @@ from ..worker_policy import Backoff, IdlePoll, PriorityShare, failure_reason, he
 from .transport import Transport
 
 log = logging.getLogger("rqlite_queue.worker")
+
+# Upper bounds (seconds) of the claim-latency histogram.
+CLAIM_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
 @dataclass
@@ -40,6 +43,15 @@ class WorkerStats:
     claim_seconds: float = 0.0
     """Total time spent in claim calls (divide by claim rounds for the mean latency)."""
     claim_rounds: int = 0
+    claim_buckets: list[int] = field(default_factory=lambda: [0] * len(CLAIM_BUCKETS))
+    """Claim rounds that took at most each of `CLAIM_BUCKETS` seconds (cumulative)."""
+
+    def record_claim(self, seconds: float) -> None:
+        self.claim_rounds += 1
+        self.claim_seconds += seconds
+        for i, bound in enumerate(CLAIM_BUCKETS):
+            if seconds <= bound:
+                self.claim_buckets[i] += 1
 
 
 class Worker:
@@ -160,8 +172,7 @@ class Worker:
             log.warning("worker %s: claim failed: %s", self.worker_id, exc)
             return []
         finally:
-            self.stats.claim_rounds += 1
-            self.stats.claim_seconds += time.monotonic() - started
+            self.stats.record_claim(time.monotonic() - started)
         self.stats.claimed += len(leases)
         return leases
 

@@ -1,0 +1,611 @@
+"""The `rqlite-queue` command, end to end through the installed entry point, on the embedded
+SQLite and on a real 3-node rqlite cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue as queue_module
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+import pytest
+
+from rqlite_queue import Transport
+from rqlite_queue.cluster import Cluster, free_port
+
+BIN = Path(sys.executable).parent
+EXE = shutil.which("rqlite-queue", path=str(BIN))
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+BENCH = DOCS.parent / "bench" / "run.py"
+
+pytestmark = pytest.mark.skipif(
+    EXE is None, reason="rqlite-queue not installed: .venv/bin/pip install -e '.[dev]'"
+)
+
+COMMANDS = [
+    [],
+    ["publish"],
+    ["stats"],
+    ["peek"],
+    ["worker"],
+    ["dlq"],
+    ["dlq", "list"],
+    ["dlq", "requeue"],
+    ["dlq", "purge"],
+    ["cluster"],
+    ["cluster", "up"],
+    ["demo"],
+    ["bench"],
+]
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "RQLITE_QUEUE_URL"}
+    env["COLUMNS"] = "200"
+    env.update(extra)
+    return env
+
+
+def run(
+    *args: str,
+    input: str | None = None,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 60,
+) -> subprocess.CompletedProcess[str]:
+    assert EXE is not None
+    return subprocess.run(
+        [EXE, *args],
+        input=input if input is not None else "",
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env if env is not None else cli_env(),
+        timeout=timeout,
+    )
+
+
+def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 30, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+@dataclass
+class Target:
+    url: str
+    queue: str
+
+    @property
+    def args(self) -> list[str]:
+        return ["--url", self.url, "--queue", self.queue]
+
+    def transport(self) -> Transport:
+        return Transport.from_url(self.url, queue=self.queue)
+
+
+@pytest.fixture(params=["sqlite", "rqlite3"])
+def target(request: pytest.FixtureRequest, tmp_path: Path) -> Target:
+    queue = f"cli_{uuid.uuid4().hex[:8]}"
+    if request.param == "sqlite":
+        return Target(f"sqlite:///{tmp_path}/q.db", queue)
+    cluster: Cluster = request.getfixturevalue("cluster3")
+    return Target(cluster.url, queue)
+
+
+@pytest.fixture
+def rqlite_target(cluster3: Cluster) -> Target:
+    return Target(cluster3.url, f"cli_{uuid.uuid4().hex[:8]}")
+
+
+@pytest.fixture
+def sqlite_target(tmp_path: Path) -> Target:
+    return Target(f"sqlite:///{tmp_path}/q.db", f"cli_{uuid.uuid4().hex[:8]}")
+
+
+# ------------------------------------------------------------------------------ publish, stats
+
+
+def test_publish_stats_peek(target: Target) -> None:
+    first = run(*target.args, "publish", "g1", '{"n": 1}')
+    assert first.returncode == 0, first.stderr
+    second = run(*target.args, "publish", "g1", '{"n": 2}', "--dedup-id", "g1-2")
+    again = run(*target.args, "publish", "g1", '{"n": 2}', "--dedup-id", "g1-2")
+    assert second.returncode == again.returncode == 0
+    assert int(second.stdout) == int(again.stdout) > int(first.stdout)
+
+    lines = [
+        {"group_id": "g2", "event": {"n": 1}, "priority": 3},
+        {"group_id": "g2", "event": {"n": 2}},
+        {"group_id": "g3", "event": "plain text"},
+    ]
+    text = "\n".join(json.dumps(line) for line in lines) + "\n\n"
+    piped = run(*target.args, "publish", "--batch-size", "2", input=text)
+    assert piped.returncode == 0, piped.stderr
+    assert "published 3 messages" in piped.stderr
+    dash = run(*target.args, "publish", "-", "--priority", "4", input='{"group_id":"g4","event":0}')
+    assert dash.returncode == 0, dash.stderr
+
+    stats = run(*target.args, "stats", "--json")
+    assert stats.returncode == 0, stats.stderr
+    data = json.loads(stats.stdout)
+    assert (data["depth"], data["groups"], data["in_flight"], data["dead"]) == (6, 4, 0, 0)
+    assert data["by_priority"] == {"0": 3, "1": 0, "2": 0, "3": 2, "4": 1}
+    table = run(*target.args, "stats")
+    assert table.returncode == 0
+    assert "messages (depth)" in table.stdout and "6" in table.stdout
+
+    peek = run(*target.args, "peek", "g2", "--json")
+    assert [json.loads(line) for line in peek.stdout.splitlines()] == [
+        {"seq": seq, "event": {"n": n}} for seq, n in zip(_seqs(target, "g2"), (1, 2), strict=True)
+    ]
+    limited = run(*target.args, "peek", "g1", "--limit", "1")
+    assert limited.returncode == 0
+    assert '{"n":1}' in limited.stdout and '{"n":2}' not in limited.stdout
+    assert "no messages" in run(*target.args, "peek", "nobody").stdout
+
+
+def _seqs(target: Target, group: str) -> list[int]:
+    with target.transport() as queue:
+        return [seq for seq, _ in queue.peek(group)]
+
+
+def test_a_bad_stdin_line_publishes_nothing(sqlite_target: Target) -> None:
+    text = '{"group_id": "g", "event": 1}\n{"group_id": "g", "event": 2, "priority": 9}\n'
+    result = run(*sqlite_target.args, "publish", input=text)
+    assert result.returncode == 1
+    assert "stdin line 2" in one_error_line(result)
+    not_json = run(*sqlite_target.args, "publish", input='{"group_id": "g", "event": 1}\n{oops\n')
+    assert not_json.returncode == 1
+    assert "line 2: not valid JSON" in one_error_line(not_json)
+    with sqlite_target.transport() as queue:
+        assert queue.stats().depth == 0
+
+
+def test_default_url_is_a_sqlite_file_in_the_current_directory(tmp_path: Path) -> None:
+    result = run("publish", "g", "1", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "rqlite-queue.db").is_file()
+    other = tmp_path / "other.db"
+    from_env = run(
+        "publish", "g", "2", cwd=tmp_path, env=cli_env(RQLITE_QUEUE_URL=f"sqlite:///{other}")
+    )
+    assert from_env.returncode == 0, from_env.stderr
+    with Transport.from_url(f"sqlite:///{other}") as queue:
+        assert [event for _, event in queue.peek("g")] == [2]
+    assert "sqlite:///rqlite-queue.db" in run("--help").stdout
+
+
+def test_stats_watch_refreshes_until_interrupted(sqlite_target: Target, tmp_path: Path) -> None:
+    assert EXE is not None
+    out = tmp_path / "watch.out"
+    with out.open("w") as sink:
+        proc = subprocess.Popen(
+            [EXE, *sqlite_target.args, "stats", "--watch", "0.1"],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env=cli_env(),
+        )
+        try:
+            wait_for(lambda: "messages (depth)" in out.read_text(), 20, "the first table")
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(10) == 0
+        finally:
+            _reap(proc)
+
+
+# ------------------------------------------------------------------------------ errors, help
+
+
+def test_errors_are_one_line_with_a_nonzero_status(sqlite_target: Target, tmp_path: Path) -> None:
+    scheme = run("--url", "ftp://example", "stats")
+    assert scheme.returncode == 1
+    assert "unknown URL scheme" in one_error_line(scheme)
+
+    bad_json = run(*sqlite_target.args, "publish", "g", "{not json")
+    assert bad_json.returncode == 2
+    assert "not valid JSON" in one_error_line(bad_json)
+
+    bad_queue = run("--url", sqlite_target.url, "--queue", "Bad-Name", "stats")
+    assert bad_queue.returncode == 1
+    assert "queue name" in one_error_line(bad_queue)
+
+    bad_priority = run(*sqlite_target.args, "publish", "g", "1", "--priority", "7")
+    assert bad_priority.returncode == 2
+    one_error_line(bad_priority)
+
+    unreachable = run("--url", f"http://127.0.0.1:{free_port()}", "--timeout", "0.5", "stats")
+    assert unreachable.returncode == 1
+    assert "not available" in one_error_line(unreachable)
+
+    no_module = run(*sqlite_target.args, "worker", "no_such_module:handle", cwd=tmp_path)
+    assert no_module.returncode == 2
+    assert "no_such_module" in one_error_line(no_module)
+    no_colon = run(*sqlite_target.args, "worker", "handler_without_colon", cwd=tmp_path)
+    assert no_colon.returncode == 2
+    one_error_line(no_colon)
+    (tmp_path / "broken.py").write_text("raise RuntimeError('boom at import')\n")
+    broken = run(*sqlite_target.args, "worker", "broken:handle", cwd=tmp_path)
+    assert broken.returncode == 1
+    assert "boom at import" in one_error_line(broken)
+
+    unknown = run("frobnicate")
+    assert unknown.returncode == 2
+    one_error_line(unknown)
+    with sqlite_target.transport() as queue:
+        assert queue.stats().depth == 0
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: "-".join(c) or "top")
+def test_every_command_has_help(command: list[str]) -> None:
+    if command == ["bench"] and not BENCH.is_file():
+        pytest.skip("no bench/run.py in this checkout (see test_bench_runs_the_checkouts_script)")
+    result = run(*command, "--help")
+    assert result.returncode == 0, result.stderr
+    assert "usage:" in result.stdout.lower()
+    if command in (["demo"], ["bench"]):
+        return  # passed through to the demo's and the benchmark's own argument parsers
+    assert result.stdout.startswith(f"Usage: rqlite-queue {' '.join(command)}".rstrip())
+    if command:
+        assert f"## `{' '.join(command)}`" in (DOCS / "cli.md").read_text()
+
+
+def test_a_group_without_a_command_prints_its_help() -> None:
+    for group in ([], ["dlq"], ["cluster"]):
+        result = run(*group)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.startswith("Usage: rqlite-queue")
+        assert "Commands:" in result.stdout
+
+
+# ------------------------------------------------------------------------------ worker
+
+HANDLER = """
+import json, os, threading, time
+from pathlib import Path
+
+_lock = threading.Lock()
+OUT = Path(os.environ["HANDLER_OUT"])
+
+
+def handle(lease):
+    Path(OUT.parent, f"started-{lease.seq}").touch()
+    time.sleep(float(os.environ.get("HANDLER_SLEEP", "0")))
+    with _lock, OUT.open("a") as out:
+        out.write(json.dumps([lease.group_id, lease.event]) + "\\n")
+
+
+async def handle_async(lease):
+    import asyncio
+
+    await asyncio.sleep(0.01)
+    handle(lease)
+"""
+
+
+class WorkerProcess:
+    def __init__(self, target: Target, tmp_path: Path, *args: str, sleep: float = 0) -> None:
+        assert EXE is not None
+        (tmp_path / "handlers.py").write_text(HANDLER)
+        self.out = tmp_path / "handled.jsonl"
+        self.log = tmp_path / "worker.log"
+        self.tmp_path = tmp_path
+        env = cli_env(HANDLER_OUT=str(self.out), HANDLER_SLEEP=str(sleep))
+        with self.log.open("w") as log:
+            self.proc = subprocess.Popen(
+                [EXE, *target.args, "worker", *args],
+                cwd=tmp_path,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
+
+    def handled(self) -> list[tuple[str, Any]]:
+        if not self.out.exists():
+            return []
+        return [tuple(json.loads(line)) for line in self.out.read_text().splitlines()]
+
+    def started(self) -> list[Path]:
+        return list(self.tmp_path.glob("started-*"))
+
+    def terminate(self, timeout: float = 20) -> tuple[int, float]:
+        began = time.monotonic()
+        self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(timeout)
+        return code, time.monotonic() - began
+
+
+@pytest.fixture
+def workers() -> Iterator[list[WorkerProcess]]:
+    started: list[WorkerProcess] = []
+    yield started
+    for worker in started:
+        _reap(worker.proc)
+
+
+def _reap(proc: subprocess.Popen[Any]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def _publish_workload(target: Target, groups: int, per_group: int) -> list[tuple[str, Any]]:
+    items = [(f"g{g}", {"g": g, "n": n}) for n in range(per_group) for g in range(groups)]
+    text = "".join(json.dumps({"group_id": gid, "event": event}) + "\n" for gid, event in items)
+    result = run(*target.args, "publish", input=text)
+    assert result.returncode == 0, result.stderr
+    return [(gid, event) for gid, event in items]
+
+
+def _depth(target: Target) -> int:
+    with target.transport() as queue:
+        return queue.stats().depth
+
+
+def test_worker_drains_the_queue_and_stops_on_sigterm(
+    target: Target, tmp_path: Path, workers: list[WorkerProcess]
+) -> None:
+    published = _publish_workload(target, groups=6, per_group=5)
+    worker = WorkerProcess(target, tmp_path, "handlers:handle", "--concurrency", "4")
+    workers.append(worker)
+    wait_for(lambda: _depth(target) == 0, 30, "the queue to drain")
+    code, _ = worker.terminate()
+    assert code == 0, worker.log.read_text()
+    handled = worker.handled()
+    assert sorted(map(json.dumps, handled)) == sorted(map(json.dumps, published))
+    for group in {gid for gid, _ in published}:  # FIFO per group
+        assert [e["n"] for gid, e in handled if gid == group] == list(range(5))
+    assert "stopped" in worker.log.read_text()
+
+
+def test_async_handler_runs_on_asyncio(
+    sqlite_target: Target, tmp_path: Path, workers: list[WorkerProcess]
+) -> None:
+    published = _publish_workload(sqlite_target, groups=3, per_group=2)
+    worker = WorkerProcess(sqlite_target, tmp_path, "handlers:handle_async")
+    workers.append(worker)
+    wait_for(lambda: _depth(sqlite_target) == 0, 30, "the queue to drain")
+    code, _ = worker.terminate()
+    assert code == 0, worker.log.read_text()
+    assert len(worker.handled()) == len(published)
+
+
+def test_sigterm_lets_a_slow_handler_finish_within_grace(
+    rqlite_target: Target, tmp_path: Path, workers: list[WorkerProcess]
+) -> None:
+    run(*rqlite_target.args, "publish", "slow", '"job"')
+    worker = WorkerProcess(
+        rqlite_target, tmp_path, "handlers:handle", "--grace", "20", "--visibility", "30", sleep=2
+    )
+    workers.append(worker)
+    wait_for(lambda: bool(worker.started()), 30, "the handler to start")
+    code, elapsed = worker.terminate()
+    assert code == 0, worker.log.read_text()
+    assert elapsed < 15
+    assert worker.handled() == [("slow", "job")]
+    with rqlite_target.transport() as queue:
+        assert queue.stats().depth == 0  # acked
+
+
+def test_sigterm_nacks_a_handler_that_outlasts_grace(
+    rqlite_target: Target, tmp_path: Path, workers: list[WorkerProcess]
+) -> None:
+    run(*rqlite_target.args, "publish", "stuck", '"job"')
+    worker = WorkerProcess(
+        rqlite_target, tmp_path, "handlers:handle", "--grace", "0.5", "--visibility", "60", sleep=60
+    )
+    workers.append(worker)
+    wait_for(lambda: bool(worker.started()), 30, "the handler to start")
+    code, elapsed = worker.terminate()
+    assert code == 0, worker.log.read_text()
+    assert elapsed < 10, "the process must not wait for the stuck handler"
+    assert worker.handled() == []
+    assert "nacked" in worker.log.read_text()
+    with rqlite_target.transport() as queue:
+        stats = queue.stats()
+        assert (stats.depth, stats.in_flight) == (1, 0)  # nacked, not left to lapse
+        lease = queue.claim("check", visibility=10)
+        assert lease is not None and (lease.group_id, lease.event) == ("stuck", "job")
+        assert lease.attempts == 2
+        queue.ack(lease)
+
+
+def test_worker_serves_prometheus_metrics(
+    sqlite_target: Target, tmp_path: Path, workers: list[WorkerProcess]
+) -> None:
+    _publish_workload(sqlite_target, groups=2, per_group=3)
+    port = free_port()
+    worker = WorkerProcess(
+        sqlite_target,
+        tmp_path,
+        "handlers:handle",
+        "--metrics-port",
+        str(port),
+        "--metrics-host",
+        "127.0.0.1",
+    )
+    workers.append(worker)
+    wait_for(lambda: _depth(sqlite_target) == 0, 30, "the queue to drain")
+    sample = f'rqlite_queue_worker_acked_total{{queue="{sqlite_target.queue}"}} 6.0'
+
+    def scraped() -> bool:
+        try:
+            return sample in httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+        except httpx.HTTPError:
+            return False
+
+    wait_for(scraped, 20, "the acked counter")
+    code, _ = worker.terminate()
+    assert code == 0, worker.log.read_text()
+
+
+# ------------------------------------------------------------------------------ dead letters
+
+
+def test_dlq_list_requeue_purge(target: Target) -> None:
+    with target.transport() as queue:
+        for group in ("a", "b", "c"):
+            queue.publish(group, {"group": group})
+        seqs: dict[str, int] = {}
+        while (lease := queue.claim("t", visibility=30)) is not None:
+            queue.dead_letter(lease, f"broken {lease.group_id}")
+            seqs[lease.group_id] = lease.seq
+
+    listed = run(*target.args, "dlq", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    letters = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert {(d["group_id"], d["reason"]) for d in letters} == {
+        (g, f"broken {g}") for g in ("a", "b", "c")
+    }
+    only_b = run(*target.args, "dlq", "list", "--group", "b", "--json")
+    assert [json.loads(line)["seq"] for line in only_b.stdout.splitlines()] == [seqs["b"]]
+    table = run(*target.args, "dlq", "list", "--limit", "2")
+    assert "broken a" in table.stdout and "3 dead letters" not in table.stdout
+
+    requeued = run(*target.args, "dlq", "requeue", str(seqs["a"]))
+    assert requeued.returncode == 0 and "requeued 1" in requeued.stdout
+    refused = run(*target.args, "dlq", "purge")  # no --yes and no terminal
+    assert refused.returncode == 2
+    assert "--yes" in one_error_line(refused)
+    purged = run(*target.args, "dlq", "purge", str(seqs["b"]), "--yes")
+    assert purged.returncode == 0 and "purged 1" in purged.stdout
+    with target.transport() as queue:
+        stats = queue.stats()
+        assert (stats.depth, stats.dead) == (1, 1)
+        assert [event for _, event in queue.peek("a")] == [{"group": "a"}]
+    everything = run(*target.args, "dlq", "purge", "--yes")
+    assert "purged 1" in everything.stdout
+    assert "no dead letters" in run(*target.args, "dlq", "list").stdout
+
+
+# ------------------------------------------------------------------------------ cluster, demo
+
+
+def _rqlited_pids() -> dict[int, str]:
+    """Every rqlited on the machine: pid -> command line."""
+    found: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv and Path(argv[0].decode(errors="replace")).name.startswith("rqlited"):
+            found[int(entry.name)] = " ".join(a.decode(errors="replace") for a in argv)
+    return found
+
+
+def _lines(stream: IO[str]) -> queue_module.Queue[str]:
+    lines: queue_module.Queue[str] = queue_module.Queue()
+
+    def pump() -> None:
+        for line in stream:
+            lines.put(line)
+
+    threading.Thread(target=pump, daemon=True).start()
+    return lines
+
+
+def test_cluster_up_serves_until_sigint_and_leaves_no_process(tmp_path: Path) -> None:
+    assert EXE is not None
+    before = _rqlited_pids()
+    proc = subprocess.Popen(
+        [EXE, "cluster", "up", "1"],
+        stdout=subprocess.PIPE,
+        stderr=(tmp_path / "up.err").open("w"),
+        text=True,
+        env=cli_env(),
+    )
+    try:
+        assert proc.stdout is not None
+        lines = _lines(proc.stdout)
+        printed: list[str] = []
+        url = None
+        deadline = time.monotonic() + 60
+        while url is None:
+            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            printed.append(line)
+            if line.startswith("use: --url "):
+                url = line.removeprefix("use: --url ").strip()
+        data_dir = printed[0].split("data in ", 1)[1].split(",", 1)[0]
+        ours = {pid for pid, cmd in _rqlited_pids().items() if data_dir in cmd}
+        assert len(ours) == 1 and not ours & set(before)
+
+        queue = f"cli_{uuid.uuid4().hex[:8]}"
+        published = run("--url", url, "--queue", queue, "publish", "g", '{"hello": "cluster"}')
+        assert published.returncode == 0, published.stderr
+        with Transport.from_url(url, queue=queue) as q:
+            assert [event for _, event in q.peek("g")] == [{"hello": "cluster"}]
+
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0, (tmp_path / "up.err").read_text()
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    after = _rqlited_pids()
+    assert not ours & set(after), "the cluster's rqlited is still running"
+    assert not [cmd for pid, cmd in after.items() if pid not in before and data_dir in cmd]
+    assert not Path(data_dir).exists()
+    assert "stopped" in (tmp_path / "up.err").read_text()
+
+
+def test_demo_passes_its_arguments_through(tmp_path: Path) -> None:
+    result = run(
+        "demo",
+        "--backend",
+        "sqlite",
+        "--groups",
+        "3",
+        "--messages",
+        "2",
+        "--workers",
+        "2",
+        "--seed",
+        "1",
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "result" in result.stdout and "OK" in result.stdout
+
+
+def test_bench_runs_the_checkouts_script() -> None:
+    if not BENCH.is_file():
+        missing = run("bench")
+        assert missing.returncode == 1
+        assert "source checkout" in one_error_line(missing)
+        return
+    direct = subprocess.run(
+        [sys.executable, str(BENCH), "--help"],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+    )
+    via_cli = run("bench", "--help")
+    assert (via_cli.returncode, via_cli.stdout) == (direct.returncode, direct.stdout)

@@ -1,0 +1,195 @@
+"""Prometheus metrics of a running worker, scraped over HTTP, on SQLite and a 3-node rqlite."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from rqlite_queue import AsyncTransport, Lease, RqliteTransport, Transport
+from rqlite_queue.cluster import Cluster, free_port
+from rqlite_queue.metrics import WorkerCollector, serve_metrics
+from rqlite_queue.worker import AsyncWorker, Backoff, IdlePoll, Worker
+
+BACKOFF = Backoff(base=0.05, cap=0.05)
+
+
+def idle() -> IdlePoll:
+    return IdlePoll(first=0.01, cap=0.05)
+
+
+@pytest.fixture(params=["sqlite", "rqlite3"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/q.db"
+    cluster: Cluster = request.getfixturevalue("cluster3")
+    return cluster.url
+
+
+@pytest.fixture
+def queue_name() -> str:
+    return f"m_{uuid.uuid4().hex[:10]}"
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of a scrape: (name, sorted labels without `queue`) -> value."""
+    found = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = tuple(sorted((k, v) for k, v in sample.labels.items() if k != "queue"))
+            found[(sample.name, labels)] = sample.value
+    return found
+
+
+def value(text: str, name: str, **labels: str) -> float:
+    return samples(text)[(name, tuple(sorted(labels.items())))]
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def handler(lease: Lease) -> None:
+    if lease.event == "poison":
+        raise ValueError("poison")
+
+
+@pytest.fixture
+def running() -> Iterator[list[tuple[Worker, threading.Thread]]]:
+    started: list[tuple[Worker, threading.Thread]] = []
+    yield started
+    for worker, thread in started:
+        worker.stop()
+        thread.join(10)
+
+
+def test_counters_and_depth_move_after_work(
+    url: str, queue_name: str, running: list[tuple[Worker, threading.Thread]]
+) -> None:
+    with Transport.from_url(url, queue=queue_name) as queue:
+        queue.publish_many(
+            [("a", 1, 2), ("a", 2), ("b", "poison", 4), ("c", 1), ("c", 2), ("d", 1)]
+        )
+        worker = Worker(
+            queue, handler, concurrency=3, max_attempts=2, backoff=BACKOFF, idle_poll=idle()
+        )
+        with serve_metrics(worker, 0, host="127.0.0.1", stats_interval=0) as server:
+            endpoint = f"http://127.0.0.1:{server.port}/metrics"
+            before = httpx.get(endpoint, timeout=5).text
+            assert value(before, "rqlite_queue_worker_acked_total") == 0
+            assert value(before, "rqlite_queue_depth", priority="2") == 2
+            assert value(before, "rqlite_queue_depth", priority="4") == 1
+            assert value(before, "rqlite_queue_depth", priority="0") == 3
+            assert value(before, "rqlite_queue_groups") == 4
+            if sys.platform == "linux":
+                assert "process_cpu_seconds_total" in before
+
+            thread = threading.Thread(target=worker.run, kwargs={"handle_signals": False})
+            running.append((worker, thread))
+            thread.start()
+            wait_for(lambda: worker.stats.acked == 5 and worker.stats.dead_lettered == 1)
+
+            after = httpx.get(endpoint, timeout=5).text
+            assert value(after, "rqlite_queue_worker_acked_total") == 5
+            assert value(after, "rqlite_queue_worker_nacked_total") == 1
+            assert value(after, "rqlite_queue_worker_dead_lettered_total") == 1
+            assert value(after, "rqlite_queue_worker_claimed_total") == 7
+            assert value(after, "rqlite_queue_worker_leases_lost_total") == 0
+            rounds = value(after, "rqlite_queue_worker_claim_seconds_count")
+            assert rounds > 0
+            assert value(after, "rqlite_queue_worker_claim_seconds_bucket", le="+Inf") == rounds
+            assert value(after, "rqlite_queue_worker_claim_seconds_sum") > 0
+            assert value(after, "rqlite_queue_dead_letters") == 1
+            assert value(after, "rqlite_queue_groups") == 0
+            for priority in range(5):
+                assert value(after, "rqlite_queue_depth", priority=str(priority)) == 0
+            assert value(after, "rqlite_queue_stats_errors_total") == 0
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(endpoint, timeout=2)
+
+
+async def test_async_worker_metrics(tmp_path: Path, queue_name: str) -> None:
+    queue = await AsyncTransport.from_url(f"sqlite:///{tmp_path}/q.db", queue=queue_name)
+    async with queue:
+        await queue.publish_many([(f"g{i}", i) for i in range(4)])
+
+        async def handle(lease: Lease) -> None:
+            await asyncio.sleep(0)
+
+        worker = AsyncWorker(queue, handle, backoff=BACKOFF, idle_poll=idle())
+        server = serve_metrics(worker, free_port(), host="127.0.0.1", stats_interval=0)
+        task = asyncio.create_task(worker.run(handle_signals=False))
+        try:
+            async with httpx.AsyncClient() as client:
+                endpoint = f"http://127.0.0.1:{server.port}/metrics"
+                for _ in range(500):
+                    text = (await client.get(endpoint)).text
+                    if value(text, "rqlite_queue_worker_acked_total") == 4:
+                        break
+                    await asyncio.sleep(0.02)
+                assert value(text, "rqlite_queue_worker_acked_total") == 4
+                # The queue's depth comes from the worker's own loop, while it runs.
+                wait_until = time.monotonic() + 5
+                while value(text, "rqlite_queue_groups") != 0 and time.monotonic() < wait_until:
+                    text = (await client.get(endpoint)).text
+                assert value(text, "rqlite_queue_groups") == 0
+                assert value(text, "rqlite_queue_stats_errors_total") == 0
+        finally:
+            worker.stop()
+            await task
+            server.stop()
+
+
+def test_an_async_collector_needs_its_loop(tmp_path: Path) -> None:
+    async def make() -> AsyncWorker:
+        transport = await AsyncTransport.from_url(f"sqlite:///{tmp_path}/q.db")
+        return AsyncWorker(transport, lambda lease: None)
+
+    worker = asyncio.run(make())
+    with pytest.raises(RuntimeError, match="event loop"):
+        WorkerCollector(worker)
+    WorkerCollector(worker, stats_interval=None)  # counters only: no loop needed
+
+
+def test_stats_are_cached_and_failures_counted(tmp_path: Path) -> None:
+    with Transport.from_url(f"sqlite:///{tmp_path}/q.db") as queue:
+        worker = Worker(queue, handler)
+        cached = WorkerCollector(worker, stats_interval=60)
+        assert cached.queue_stats() is cached.queue_stats()
+        fresh = WorkerCollector(worker, stats_interval=0)
+        assert fresh.queue_stats() is not fresh.queue_stats()
+
+    dead = RqliteTransport(f"http://127.0.0.1:{free_port()}", deadline=0.2, timeout=0.2)
+    try:
+        registry = CollectorRegistry()
+        collector = WorkerCollector(Worker(dead, handler), stats_interval=0)
+        registry.register(collector)  # type: ignore[arg-type]
+        text = generate_latest(registry).decode()
+        assert value(text, "rqlite_queue_stats_errors_total") == 1
+        assert value(text, "rqlite_queue_worker_acked_total") == 0
+        assert not [key for key in samples(text) if key[0] == "rqlite_queue_depth"]
+    finally:
+        dead.close()
+
+
+def test_without_prometheus_client_the_error_says_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with Transport.from_url(f"sqlite:///{tmp_path}/q.db") as queue:
+        worker = Worker(queue, handler)
+        monkeypatch.setitem(sys.modules, "prometheus_client", None)
+        monkeypatch.setitem(sys.modules, "prometheus_client.core", None)
+        with pytest.raises(ImportError, match=r"rqlite-queue\[metrics\]"):
+            serve_metrics(worker, 0)
