@@ -117,9 +117,13 @@ def schema(n: Names) -> Batch:
       token    TEXT,
       head     INTEGER
     );
-    -- Claim: the claimable groups of one priority, least recently claimed first (ties: the
-    -- rowid, i.e. creation order). One probe per priority level >= min_priority.
-    CREATE INDEX IF NOT EXISTS {n.groups_ready} ON {n.groups} (priority, turn) WHERE ready = 1;
+    -- Claim: the claimable groups, least recently claimed first (ties: the rowid, i.e.
+    -- creation order); all of them (no priority floor), or those of one priority (one probe
+    -- per level >= min_priority). Two small indexes rather than one statement long enough
+    -- (>= 1 KiB) for rqlite to gzip every claim on every node.
+    CREATE INDEX IF NOT EXISTS {n.groups_ready} ON {n.groups} (turn) WHERE ready = 1;
+    CREATE INDEX IF NOT EXISTS {n.groups_ready_by_priority} ON {n.groups} (priority, turn)
+      WHERE ready = 1;
     -- Claim: leases and parks whose deadline passed; and the groups a claim just took.
     CREATE INDEX IF NOT EXISTS {n.groups_busy} ON {n.groups} (until) WHERE ready = 0;
     CREATE TABLE IF NOT EXISTS {n.dead} (
@@ -321,14 +325,18 @@ def claim(
     Safe to retry with the same token and `until`: a retry that finds the groups this token
     already took returns them instead of taking more."""
     mine = {"until": until, "token": token}
-    levels = range(MAX_PRIORITY, min_priority - 1, -1)
-    # One probe of the ready index per priority level, each already in round-robin order;
-    # the union of those few rows is then ordered. Never a scan of the backlog.
-    per_level = " UNION ALL ".join(
-        f"SELECT * FROM (SELECT rowid AS r, turn FROM {n.groups} "
-        f"WHERE ready = 1 AND priority = {level} ORDER BY turn, rowid LIMIT :count)"
-        for level in levels
-    )
+    if min_priority == 0:
+        # Every claimable group, in round-robin order: one probe of the all-ready index.
+        pick = f"SELECT rowid FROM {n.groups} WHERE ready = 1 ORDER BY turn, rowid LIMIT :count"
+    else:
+        # One probe of the per-priority index for each level >= the floor, each already in
+        # round-robin order; the union of those few rows is then ordered.
+        per_level = " UNION ALL ".join(
+            f"SELECT * FROM (SELECT rowid r, turn t FROM {n.groups} "
+            f"WHERE ready = 1 AND priority = {level} ORDER BY t, r LIMIT :count)"
+            for level in range(MAX_PRIORITY, min_priority - 1, -1)
+        )
+        pick = f"SELECT r FROM ({per_level}) ORDER BY t, r LIMIT :count"
     return Batch(
         (
             # Lapsed leases and ended parks rejoin the ready index (token kept: a lapsed
@@ -344,7 +352,7 @@ def claim(
                 f"head = (SELECT min(seq) FROM {n.messages} m "
                 f"WHERE m.group_id = {n.groups}.group_id), "
                 f"turn = (SELECT value FROM {n.meta} WHERE key = 'turn') "
-                f"WHERE rowid IN (SELECT r FROM ({per_level}) ORDER BY turn, r LIMIT :count) "
+                f"WHERE rowid IN ({pick}) "
                 f"AND NOT EXISTS (SELECT 1 FROM {n.groups} "
                 f"WHERE ready = 0 AND until = :until AND token = :token)",
                 {**mine, "count": count},
@@ -426,19 +434,23 @@ def _finish_head(n: Names, held: Held, now: float) -> list[Statement]:
 _FINISH = 4  # statements per lease in `_finish_head`
 
 
-def ack(n: Names, leases: Sequence[Held], *, now: float) -> Batch:
-    statements = [
-        # Forget retired turns past the window (index on expires_at: touches only those).
-        Statement(f"DELETE FROM {n.retired} WHERE expires_at < :now", {"now": now})
-    ]
+def ack(n: Names, leases: Sequence[Held], *, now: float, prune: bool = True) -> Batch:
+    """Finish each lease's head. With `prune`, first forget retired turns past the window
+    (expiry index: touches only those); the caller prunes on a fraction of its acks."""
+    statements = [_prune_retired(n, now)] if prune else []
     for held in leases:
         statements += _finish_head(n, held, now)
     return Batch(tuple(statements))
 
 
+def _prune_retired(n: Names, now: float) -> Statement:
+    return Statement(f"DELETE FROM {n.retired} WHERE expires_at < :now", {"now": now})
+
+
 def read_ack(results: Sequence[Result]) -> list[bool]:
     """Per lease: did it hold (and so was its message removed)?"""
-    return [results[i].rows_affected == 1 for i in range(1, len(results), _FINISH)]
+    first = len(results) % _FINISH  # 1 when the batch began with the prune, else 0
+    return [results[i].rows_affected == 1 for i in range(first, len(results), _FINISH)]
 
 
 def nack(n: Names, held: Held, *, now: float, delay: float) -> Batch:
