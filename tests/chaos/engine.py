@@ -109,7 +109,8 @@ class Report:
         kinds = Counter(f.kind for f in self.faults)
         rec = sorted(self.recoveries)
         recovery = (
-            f"{len(rec)} leader kills: median {rec[len(rec) // 2]:.2f} s, max {rec[-1]:.2f} s"
+            f"{len(rec)} leader kills with writes after them: median {rec[len(rec) // 2]:.2f} s, "
+            f"max {rec[-1]:.2f} s"
             if rec
             else "no leader kill"
         )
@@ -382,7 +383,7 @@ def _wait_drained(url: str, queue: str, give_up: float) -> None:
 
 def _compare_replicas(cluster: Cluster, queue: str) -> tuple[bool, str]:
     """Read every table of the queue from each node with level=none and compare."""
-    tables = ["meta", "messages", "groups", "dead", "dedup"]
+    tables = ["meta", "messages", "groups", "dead", "dedup", "retired"]
     deadline = time.time() + 30
     snapshots: list[list[Any]] = []
     while time.time() < deadline:
