@@ -100,7 +100,7 @@ def default_rqlited_path() -> Path:
     else:
         xdg = os.environ.get("XDG_CACHE_HOME")
         base = (Path(xdg) if xdg else Path.home() / ".cache") / "rqlite-queue"
-    return base / f"rqlited-{RQLITED_VERSION}"
+    return base / RQLITED_VERSION / "rqlited"
 
 
 def find_rqlited() -> str:

@@ -1,0 +1,234 @@
+"""Benchmarks: ours vs the seed's algorithm vs bare rqlite, on one freshly started local 3-node
+cluster (and the embedded SQLite mode vs the seed's SQL on sqlite3).
+
+    .venv/bin/python bench/run.py            # quick: a few minutes
+    .venv/bin/python bench/run.py --full     # 1M-message backlogs, more repetitions
+
+Writes bench/results/latest.json (every point, every repetition), latest.md (tables, ratios,
+target verdicts) and the PNG plots beside them."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import report
+import workloads
+from measure import Point, Results
+from seed_transport import SeedRqliteTransport, SeedSqliteTransport
+from systems import FloorRqlite, FloorSqlite, RqliteAdmin, SqliteAdmin
+from workloads import QUEUE, Config, Env, log
+
+from rqlite_queue import AsyncRqliteTransport, RqliteTransport, SqliteTransport
+from rqlite_queue.cluster import RQLITED_VERSION, Cluster, live_pids
+
+RESULTS = Path(__file__).resolve().parent / "results"
+RQLITE_WORKLOADS = (
+    "timings",
+    "size",
+    "publish",
+    "cycle",
+    "cycle_big",
+    "sweep",
+    "priority",
+    "memory",
+    "profile",
+)
+SQLITE_WORKLOADS = ("publish", "cycle", "cycle_big", "sweep", "priority", "prepare", "profile")
+
+
+def machine(full: bool, argv: list[str]) -> dict[str, str]:
+    mem = "?"
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                mem = f"{int(line.split()[1]) / 1024 / 1024:.1f} GiB"
+    cpu = "?"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+        ).stdout.strip()
+    except OSError:
+        commit = "?"
+    return {
+        "command": "make bench"
+        + (" FULL=1" if full else "")
+        + f" (bench/run.py {' '.join(argv)})".replace(" )", ")"),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": f"nproc {os.cpu_count()}, MemTotal {mem}, {cpu}",
+        "load average at start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        "software": f"Python {platform.python_version()}, SQLite {sqlite3.sqlite_version}, "
+        f"rqlited {RQLITED_VERSION} (3 nodes, data on /dev/shm, fast Raft timeouts)",
+        "commit": f"{commit} (plus the working tree)",
+        "mode": "FULL" if full else "quick",
+    }
+
+
+def run_all(
+    env: Env, cfg: Config, names: tuple[str, ...], only: set[str] | None, res: Results
+) -> None:
+    steps: dict[str, Callable[[], None]] = {
+        "timings": lambda: workloads.timings(env, cfg, res),
+        "size": lambda: workloads.request_size(env, cfg, res),
+        "publish": lambda: workloads.publish(env, cfg, res),
+        "cycle": lambda: workloads.cycle(env, cfg, res),
+        "cycle_big": lambda: workloads.cycle(env, cfg, res, big=True),
+        "sweep": lambda: workloads.sweep(env, cfg, res),
+        "priority": lambda: workloads.priority(env, cfg, res),
+        "memory": lambda: workloads.memory(env, cfg, res),
+        "prepare": lambda: workloads.prepare_cost(env.path, res),
+        "profile": lambda: workloads.profile(
+            env, cfg, str(RESULTS / f"profile_{env.label}_claim_ack.txt")
+        ),
+    }
+    for name in names:
+        if only is not None and name not in only:
+            continue
+        t0 = time.monotonic()
+        steps[name]()
+        log(f"== {env.label} {name} done in {time.monotonic() - t0:.1f}s")
+        save(res)
+
+
+def save(res: Results) -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    data = [p.to_json() for p in res.points]
+    (RESULTS / "latest.json").write_text(json.dumps(data, indent=1))
+
+
+def rqlite_env(cluster: Cluster) -> Env:
+    url = cluster.wait_ready().http_url  # every client talks to the leader
+
+    def ours() -> RqliteTransport:
+        t = RqliteTransport(url, timeout=120.0, queue=QUEUE)
+        t.setup()
+        return t
+
+    return Env(
+        label="rqlite",
+        admin=RqliteAdmin(url),
+        ours=ours,
+        seed=lambda: SeedRqliteTransport(url),
+        floor=lambda i: FloorRqlite(url, i),
+        ours_async=lambda: AsyncRqliteTransport(url, timeout=120.0, queue=QUEUE),
+        url=url,
+        server_pids=[n.pid for n in cluster.nodes if n.pid is not None],
+    )
+
+
+def sqlite_env(path: str) -> Env:
+    def ours() -> SqliteTransport:
+        t = SqliteTransport(path, queue=QUEUE)
+        t.setup()
+        return t
+
+    return Env(
+        label="sqlite",
+        path=path,
+        admin=SqliteAdmin(path),
+        ours=ours,
+        seed=lambda: SeedSqliteTransport(path),
+        floor=lambda i: FloorSqlite(path, i),
+    )
+
+
+def smoke(cfg: Config) -> Config:
+    return dataclasses.replace(
+        cfg,
+        reps=2,
+        publish_single=10,
+        publish_batches={10: 2, 100: 1},
+        workers=(1, 4),
+        cycle_messages=40,
+        many_messages=64,
+        sweep_sizes=(1_000, 5_000),
+        sweep_claims=3,
+        seed_budget_s=2.0,
+        priority_behind=2_000,
+        memory_messages=min(cfg.memory_messages, 1_000),
+        timing_requests=min(cfg.timing_requests, 5),
+    )
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--full", action="store_true", help="1M backlogs, more repetitions")
+    parser.add_argument("--only", help=f"comma list of: {', '.join(RQLITE_WORKLOADS)}")
+    parser.add_argument("--no-rqlite", action="store_true")
+    parser.add_argument("--no-sqlite", action="store_true")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks the code only")
+    parser.add_argument("--report-only", action="store_true", help="redo latest.md and plots")
+    args = parser.parse_args(argv)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    only = set(args.only.split(",")) if args.only else None
+    meta_path = RESULTS / "latest.meta.json"
+    if args.report_only:
+        res = Results(
+            [Point.from_json(d) for d in json.loads((RESULTS / "latest.json").read_text())]
+        )
+        meta = json.loads(meta_path.read_text())
+    else:
+        meta = machine(args.full, argv)
+        meta_path.write_text(json.dumps(meta, indent=1))
+        res = Results()
+        started = time.monotonic()
+        before = live_pids()
+        if not args.no_rqlite:
+            with Cluster(3) as cluster:
+                env = rqlite_env(cluster)
+                log(f"cluster up, leader {env.url}")
+                try:
+                    cfg = workloads.rqlite_config(args.full)
+                    run_all(env, smoke(cfg) if args.smoke else cfg, RQLITE_WORKLOADS, only, res)
+                finally:
+                    env.admin.close()
+        leftover = live_pids() - before
+        if leftover:
+            log(f"WARNING: rqlited processes left behind: {sorted(leftover)}")
+        if not args.no_sqlite:
+            shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+            tmp = tempfile.mkdtemp(prefix="rq-bench-", dir=shm)
+            env = sqlite_env(os.path.join(tmp, "bench.db"))
+            try:
+                cfg = workloads.sqlite_config(args.full)
+                run_all(env, smoke(cfg) if args.smoke else cfg, SQLITE_WORKLOADS, only, res)
+            finally:
+                env.admin.close()
+                shutil.rmtree(tmp, ignore_errors=True)
+        meta["duration"] = f"{time.monotonic() - started:.0f} s"
+        meta_path.write_text(json.dumps(meta, indent=1))
+        save(res)
+    images = report.plots(res, RESULTS)
+    (RESULTS / "latest.md").write_text(report.markdown(res, meta, images))
+    log(f"wrote {RESULTS / 'latest.md'} and {len(images)} plots")
+    if not args.smoke and not args.report_only and only is None:
+        # Keep the last complete run of each mode beside `latest`.
+        keep = RESULTS / meta["mode"].lower()
+        keep.mkdir(exist_ok=True)
+        for name in ["latest.md", "latest.json", "latest.meta.json", *images]:
+            shutil.copy(RESULTS / name, keep / name)
+        for profile in RESULTS.glob("profile_*.txt"):
+            shutil.copy(profile, keep / profile.name)
+        log(f"copied to {keep}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
