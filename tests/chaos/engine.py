@@ -48,6 +48,8 @@ class Config:
     publishers: int = 2
     faults: int = 12
     fault_gap: tuple[float, float] = (1.0, 2.5)
+    publish_pace: float = 0.04
+    """Seconds between two publishes of one publisher: spreads the traffic over the faults."""
     time_limit: float = 600.0
 
 
@@ -117,7 +119,8 @@ class Report:
         lines = [
             f"seed {self.config.seed}: {self.config.groups} groups x {self.config.messages} "
             f"messages, workers: {self.config.thread_workers} threads, "
-            f"{self.config.task_workers} asyncio tasks, {self.config.process_workers} processes",
+            f"{self.config.task_workers} asyncio tasks, {self.config.process_workers} processes; "
+            f"publishes paced {self.config.publish_pace * 1000:.0f} ms apart per publisher",
             f"operations: {self.operations} ({dict(sorted(self.outcomes.items()))})",
             f"faults injected: {len(self.faults)} ({dict(sorted(kinds.items()))})",
             f"published: {self.published}, acked: {self.acked}, lost: {len(self.lost)}",
@@ -152,11 +155,14 @@ def _transport(url: str, queue: str) -> RqliteTransport:
     return RqliteTransport(url, timeout=HTTP_TIMEOUT, queue=queue, deadline=DEADLINE)
 
 
-def publisher(url: str, queue: str, groups: list[str], messages: int, log: list[Op]) -> None:
+def publisher(
+    url: str, queue: str, groups: list[str], messages: int, pace: float, log: list[Op]
+) -> None:
     """Publishes each group's messages in order, with dedup ids, retrying until each lands."""
     with _transport(url, queue) as q:
         for i in range(messages):
             for group in groups:
+                time.sleep(pace)
                 while True:
                     t0 = time.time()
                     try:
@@ -303,7 +309,14 @@ def run(config: Config, binary: str, workdir: Path) -> Report:
         publishing = [
             threading.Thread(
                 target=publisher,
-                args=(url, queue, groups[p :: config.publishers], config.messages, log),
+                args=(
+                    url,
+                    queue,
+                    groups[p :: config.publishers],
+                    config.messages,
+                    config.publish_pace,
+                    log,
+                ),
             )
             for p in range(config.publishers)
         ]
