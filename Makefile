@@ -35,7 +35,7 @@ unit: setup
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
-test: setup lint typecheck unit docs
+test: setup lint typecheck docs unit
 
 demo: setup
 	RQLITED="$$(scripts/build-rqlited)" $(BIN)/python -m rqlite_queue.demo $(DEMO_ARGS)
