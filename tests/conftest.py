@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -42,6 +43,15 @@ def cluster3(rqlited_binary: str) -> Iterator[Cluster]:
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(params=["sqlite", "rqlite3"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A queue URL: an SQLite file of this test's, then the session's 3-node cluster."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/q.db"
+    cluster: Cluster = request.getfixturevalue("cluster3")
+    return cluster.url
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from rqlite_queue import AsyncTransport, Lease, RqliteTransport, Transport
-from rqlite_queue.cluster import Cluster, free_port
+from rqlite_queue.cluster import free_port
 from rqlite_queue.metrics import WorkerCollector, serve_metrics
 from rqlite_queue.worker import AsyncWorker, Backoff, IdlePoll, Worker
 
@@ -25,14 +25,6 @@ BACKOFF = Backoff(base=0.05, cap=0.05)
 
 def idle() -> IdlePoll:
     return IdlePoll(first=0.01, cap=0.05)
-
-
-@pytest.fixture(params=["sqlite", "rqlite3"])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/q.db"
-    cluster: Cluster = request.getfixturevalue("cluster3")
-    return cluster.url
 
 
 @pytest.fixture

@@ -16,16 +16,7 @@ from typing import Any
 import pytest
 
 from rqlite_queue import AsyncTransport, Lease, Transport
-from rqlite_queue.cluster import Cluster
 from rqlite_queue.worker import AsyncWorker, Backoff, IdlePoll, Worker
-
-
-@pytest.fixture(params=["sqlite", "rqlite3"])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/q.db"
-    cluster: Cluster = request.getfixturevalue("cluster3")
-    return cluster.url
 
 
 @pytest.fixture
