@@ -16,6 +16,7 @@ import pytest
 from rqlite_queue import (
     AsyncRqliteTransport,
     AsyncTransport,
+    BackendError,
     InvalidArgument,
     RqliteTransport,
     SchemaError,
@@ -182,3 +183,30 @@ def test_endpoint_parsing(url: str, urls: tuple[str, ...], auth: Any) -> None:
 def test_bad_endpoints(url: str) -> None:
     with pytest.raises(InvalidArgument):
         parse_endpoints(url)
+
+
+def test_a_server_that_is_not_rqlite_gives_a_clear_error() -> None:
+    """Something else answers on the port (a proxy's error page, a web server)."""
+    import http.server
+
+    class NotRqlite(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = b"<html>502 Bad Gateway</html>"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotRqlite)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        with pytest.raises(BackendError, match="not JSON"):
+            Transport.from_url(url, connect_timeout=2)
+    finally:
+        server.shutdown()
+        server.server_close()
