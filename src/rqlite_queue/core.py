@@ -94,10 +94,7 @@ class QueueCore:
         self, group_id: str, event: Any, priority: int, dedup_id: str | None
     ) -> sql.NewMessage:
         _check_group(group_id)
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise InvalidArgument(f"priority must be an int in 0-4, got {priority!r}")
-        if not 0 <= priority <= sql.MAX_PRIORITY:
-            raise InvalidArgument(f"priority must be in 0-4, got {priority}")
+        _check_int(priority, "priority", 0, sql.MAX_PRIORITY)
         if dedup_id is not None:
             if not isinstance(dedup_id, str) or not dedup_id:
                 raise InvalidArgument("dedup_id must be a non-empty string")
@@ -120,12 +117,8 @@ class QueueCore:
         if not isinstance(worker_id, str) or not worker_id:
             raise InvalidArgument("worker_id must be a non-empty string")
         _check_visibility(visibility)
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise InvalidArgument(f"n must be a positive int, got {count!r}")
-        if isinstance(min_priority, bool) or not isinstance(min_priority, int):
-            raise InvalidArgument(f"min_priority must be an int in 0-4, got {min_priority!r}")
-        if not 0 <= min_priority <= sql.MAX_PRIORITY:
-            raise InvalidArgument(f"min_priority must be in 0-4, got {min_priority}")
+        _check_int(count, "n", 1)
+        _check_int(min_priority, "min_priority", 0, sql.MAX_PRIORITY)
         now = self.clock()
         token = f"{worker_id}:{uuid.uuid4().hex}"
         batch = sql.claim(
@@ -200,8 +193,7 @@ class QueueCore:
     # ------------------------------------------------------------------ dead letters
 
     def dead_letters(self, limit: int, group_id: str | None) -> Plan[list[DeadLetter]]:
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise InvalidArgument("limit must be a positive int")
+        _check_int(limit, "limit", 1)
         if group_id is not None:
             _check_group(group_id)
 
@@ -251,8 +243,7 @@ class QueueCore:
 
     def peek(self, group_id: str, limit: int) -> Plan[list[tuple[int, Any]]]:
         _check_group(group_id)
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise InvalidArgument("limit must be a positive int")
+        _check_int(limit, "limit", 1)
         return Plan(
             sql.peek(self.names, group_id, limit=limit),
             lambda results: [(int(r[0]), self.codec.decode(str(r[1]))) for r in results[0].rows],
@@ -276,6 +267,15 @@ def _check_text(value: str, what: str) -> None:
             f"{what} {value!r} is shaped like an SQL hex literal, which rqlite would store "
             f"as a BLOB: choose another"
         )
+
+
+def _check_int(value: object, name: str, low: int, high: int | None = None) -> None:
+    """An int (not a bool) in [low, high]."""
+    bounds = f"in {low}-{high}" if high is not None else f">= {low}"
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(f"{name} must be an int {bounds}, got {value!r}")
+    if value < low or (high is not None and value > high):
+        raise InvalidArgument(f"{name} must be {bounds}, got {value}")
 
 
 def _check_visibility(visibility: object) -> None:

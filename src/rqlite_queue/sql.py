@@ -235,32 +235,29 @@ _RETIRED_TURN = (
 
 
 def _insert_plain(n: Names, chunk: Sequence[NewMessage], now: float) -> list[Statement]:
+    # A non-empty chunk of at most _ROWS_PER_INSERT messages.
     out: list[Statement] = []
-    if chunk:
-        values = ", ".join("(?, ?, ?)" for _ in chunk)
-        params: list[Any] = []
-        for m in chunk:
-            params += [m.group_id, m.event, now]
-        out.append(
-            Statement(
-                f"INSERT INTO {n.messages} (group_id, event, published_at) VALUES {values}",
-                params,
-            )
+    values = ", ".join("(?, ?, ?)" for _ in chunk)
+    params: list[Any] = []
+    for m in chunk:
+        params += [m.group_id, m.event, now]
+    out.append(
+        Statement(
+            f"INSERT INTO {n.messages} (group_id, event, published_at) VALUES {values}",
+            params,
         )
-        group_values = ", ".join(
-            f"(?, ?, {_RETIRED_TURN.format(n=n, g='?', now='?')})" for _ in chunk
+    )
+    group_values = ", ".join(f"(?, ?, {_RETIRED_TURN.format(n=n, g='?', now='?')})" for _ in chunk)
+    group_params: list[Any] = []
+    for m in chunk:
+        group_params += [m.group_id, m.priority, m.group_id, now]
+    # First row for a group wins: that publish fixes the group's priority.
+    out.append(
+        Statement(
+            f"INSERT OR IGNORE INTO {n.groups} (group_id, priority, turn) VALUES {group_values}",
+            group_params,
         )
-        group_params: list[Any] = []
-        for m in chunk:
-            group_params += [m.group_id, m.priority, m.group_id, now]
-        # First row for a group wins: that publish fixes the group's priority.
-        out.append(
-            Statement(
-                f"INSERT OR IGNORE INTO {n.groups} (group_id, priority, turn) "
-                f"VALUES {group_values}",
-                group_params,
-            )
-        )
+    )
     return out
 
 

@@ -174,12 +174,6 @@ def publisher(
                         time.sleep(0.05)
 
 
-def _work_once(q: Any, claim: Op, rng: random.Random) -> Op:
-    """Simulated work, then the ack; the ack's log entry."""
-    time.sleep(rng.uniform(0, 0.01))
-    return Op("ack", claim.actor, 0, 0, "", claim.group, claim.i, claim.seq, claim.attempts)
-
-
 def thread_worker(
     url: str, queue: str, name: str, done: Callable[[], bool], log: list[Op], seed: int
 ) -> None:
@@ -320,7 +314,6 @@ def run(config: Config, binary: str, workdir: Path) -> Report:
             )
             for p in range(config.publishers)
         ]
-        published_all = threading.Event()
         finished = threading.Event()
         stop_file = str(workdir / "stop")
 
@@ -361,7 +354,6 @@ def run(config: Config, binary: str, workdir: Path) -> Report:
         try:
             for t in publishing:
                 t.join(config.time_limit)
-            published_all.set()
             chaos.join(config.time_limit)
             _wait_drained(url, queue, start + config.time_limit)
         finally:
