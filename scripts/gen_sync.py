@@ -26,6 +26,8 @@ REPLACEMENTS = {
     "AsyncRuntime": "SyncRuntime",
     "AsyncWorker": "Worker",
     "AsyncClient": "Client",
+    "AiohttpClient": "Urllib3Client",
+    "http_async": "http_sync",
     "aclose": "close",
     "asyncio": "time",
 }

@@ -18,13 +18,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from rqlite_queue import AsyncTransport, Lease, RqliteTransport, Transport
 from rqlite_queue.cluster import free_port
 from rqlite_queue.metrics import WorkerCollector, serve_metrics
-from rqlite_queue.worker import AsyncWorker, Backoff, IdlePoll, Worker
+from rqlite_queue.worker import AsyncWorker, Backoff, Worker
 
 BACKOFF = Backoff(base=0.05, cap=0.05)
-
-
-def idle() -> IdlePoll:
-    return IdlePoll(first=0.01, cap=0.05)
 
 
 @pytest.fixture
@@ -75,7 +71,7 @@ def test_counters_and_depth_move_after_work(
             [("a", 1, 2), ("a", 2), ("b", "poison", 4), ("c", 1), ("c", 2), ("d", 1)]
         )
         worker = Worker(
-            queue, handler, concurrency=3, max_attempts=2, backoff=BACKOFF, idle_poll=idle()
+            queue, handler, concurrency=3, max_attempts=2, backoff=BACKOFF, poll_interval=0.02
         )
         with serve_metrics(worker, 0, host="127.0.0.1", stats_interval=0) as server:
             endpoint = f"http://127.0.0.1:{server.port}/metrics"
@@ -120,7 +116,7 @@ async def test_async_worker_metrics(tmp_path: Path, queue_name: str) -> None:
         async def handle(lease: Lease) -> None:
             await asyncio.sleep(0)
 
-        worker = AsyncWorker(queue, handle, backoff=BACKOFF, idle_poll=idle())
+        worker = AsyncWorker(queue, handle, backoff=BACKOFF, poll_interval=0.02)
         server = serve_metrics(worker, free_port(), host="127.0.0.1", stats_interval=0)
         task = asyncio.create_task(worker.run(handle_signals=False))
         try:

@@ -7,56 +7,94 @@ from __future__ import annotations
 
 import re
 import sqlite3
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from rqlite_queue import sql
-from rqlite_queue._sync.rqlite_client import RqliteClient
 from rqlite_queue.cluster import Cluster
+from rqlite_queue.http_sync import Urllib3Client
 from rqlite_queue.rqlite_http import parse_endpoints, parse_reply, request_for
 from rqlite_queue.sqlite_backend import SqliteExecutor
 
 BACKLOG = 20_000
 # A full pass over a table or index: "SCAN t" / "SCAN t USING [COVERING] INDEX i". Fine:
-# scans of a subquery's few rows ("SCAN (subquery-2)") or of a constant row, and the walk of
-# the all-ready index in its own order under a LIMIT (claim without a priority floor), which
-# stops after `count` rows (`test_claim_cost_is_flat` measures that).
-FULL_SCAN = re.compile(r"^SCAN (?!\(|CONSTANT ROW|rq_\w+_groups USING INDEX rq_\w+_groups_ready$)")
+# scans of a subquery's few rows ("SCAN (subquery-2)"), of a constant row, of the JSON array a
+# batch binds (its own items: "SCAN j VIRTUAL TABLE"), of SQLite's `sqlite_sequence` (one row
+# per queue in the database: a publish reads its last seq there), and the walk of the all-ready
+# index in its own order under a LIMIT (claim without a priority floor), which stops after
+# `count` rows (`test_claim_cost_is_flat` measures that).
+FULL_SCAN = re.compile(
+    r"^SCAN (?!\(|CONSTANT ROW|j VIRTUAL TABLE|sqlite_sequence$"
+    r"|rq_\w+_groups USING INDEX rq_\w+_groups_ready$)"
+)
+NO_SETTLE = sql.Settle()
 
 Execute = Callable[[sql.Batch], list[sql.Result]]
 
 
 def hot_batches(n: sql.Names) -> dict[str, sql.Batch]:
     held = sql.Held(5, "g5", "token")
+    many = [sql.Held(i, f"g{i}", f"t{i}") for i in range(100, 132)]
     dedup = sql.NewMessage("g", "{}", 0, "dedup-id")
+    mixed = [sql.NewMessage(f"g{i}", "{}", i % 5, f"d{i}" if i % 2 else None) for i in range(100)]
+
+    def claim(count: int, floor: int = 0, settle: sql.Settle = NO_SETTLE) -> sql.Batch:
+        return sql.round_trip(n, now=5.0, settle=settle, claim=sql.Claim("t", 10.0, count, floor))
+
+    def settle(**parts: Any) -> sql.Batch:
+        return sql.round_trip(n, now=1.0, settle=sql.Settle(**parts))
+
+    def publish(messages: list[sql.NewMessage], prune: float | None = None) -> sql.Batch:
+        return sql.publish(n, messages, now=1.0, dedup_until=2.0, prune_before=prune)
+
     return {
-        "claim": sql.claim(n, token="t", now=5.0, until=10.0, count=1, min_priority=0),
-        "claim_many": sql.claim(n, token="t", now=5.0, until=10.0, count=32, min_priority=0),
-        "claim min_priority=4": sql.claim(
-            n, token="t", now=5.0, until=10.0, count=1, min_priority=4
+        "claim": claim(1),
+        "claim_many": claim(32),
+        "claim min_priority=4": claim(1, 4),
+        "settle 32 and claim 32": claim(
+            32, settle=sql.Settle(finish=many[:16], give_back=[(many[16], 9.0)], extend=many[17:])
         ),
-        "publish": sql.publish(n, [sql.NewMessage("g", "{}", 0)], 1.0, 2.0).batch,
-        "publish dedup": sql.publish(n, [dedup], 1.0, 2.0).batch,
-        "ack": sql.ack(n, [held], now=1.0),
-        "nack": sql.nack(n, held, now=1.0, delay=0.0),
-        "park": sql.nack(n, held, now=1.0, delay=5.0),
-        "extend": sql.extend(n, held, until=9.0),
-        "dead_letter": sql.dead_letter(n, held, reason="r", now=1.0),
+        "publish": publish([sql.NewMessage("g", "{}", 0)]),
+        "publish dedup": publish([dedup], prune=0.5),
+        "publish_many mixed": publish(mixed),
+        "ack": settle(finish=[held]),
+        "ack_many": settle(finish=many),
+        "nack": settle(give_back=[(held, 0.0)]),
+        "park": settle(give_back=[(held, 5.0)]),
+        "extend": settle(extend=[held], extend_until=9.0),
+        "dead_letter": settle(finish=[held], dead={5: "r"}),
+        "dead_letter and hold": settle(finish=[held], dead={5: "r"}, hold=frozenset({5})),
+        "prune empty groups": sql.round_trip(n, now=1.0, prune=True),
+        "probe": sql.probe(n, min_priority=0),
+        "probe min_priority=4": sql.probe(n, min_priority=4),
+        "hold": sql.hold(n, "g5"),
+        "release": sql.release(n, "g5"),
         "requeue_dead": sql.requeue_dead(n, [1, 2], now=1.0),
         "purge_dead": sql.purge_dead(n, [1, 2]),
         "peek": sql.peek(n, "g5", limit=10),
     }
 
 
+def create(n: sql.Names, execute: Execute) -> None:
+    execute(sql.bootstrap(n))
+    execute(sql.create(n))
+
+
 def backlog(n: sql.Names, execute: Execute) -> None:
-    execute(sql.schema(n))
+    create(n, execute)
     messages = [sql.NewMessage(f"g{i}", "{}", 0) for i in range(BACKLOG)]
     messages.append(sql.NewMessage("urgent", "{}", 4))
     for start in range(0, len(messages), 3000):
-        execute(sql.publish(n, messages[start : start + 3000], 1.0, 2.0).batch)
+        execute(
+            sql.publish(
+                n, messages[start : start + 3000], now=1.0, dedup_until=2.0, prune_before=None
+            )
+        )
 
 
 def full_scans(execute: Execute, batch: sql.Batch) -> list[str]:
@@ -74,38 +112,38 @@ def full_scans(execute: Execute, batch: sql.Batch) -> list[str]:
 @pytest.fixture(scope="module")
 def sqlite_execute(tmp_path_factory: pytest.TempPathFactory) -> Execute:
     executor = SqliteExecutor(str(Path(tmp_path_factory.mktemp("plans")) / "q.db"))
-    backlog(sql.Names("plans"), executor.execute)
-    return executor.execute
+    backlog(sql.Names.of("plans"), lambda batch: executor.execute(batch, time.monotonic() + 60))
+    return lambda batch: executor.execute(batch, time.monotonic() + 60)
 
 
 @pytest.fixture(scope="module")
 def rqlite_execute(cluster1: Cluster) -> Iterator[Execute]:
-    client = RqliteClient(parse_endpoints(cluster1.url), timeout=60)
-    backlog(sql.Names("plans"), client.execute)
+    client = Urllib3Client(parse_endpoints(cluster1.url), timeout=60)
+    backlog(sql.Names.of("plans"), lambda batch: client.execute(batch, time.monotonic() + 120))
     http = httpx.Client(base_url=cluster1.url, timeout=60)
 
     def explain(batch: sql.Batch) -> list[sql.Result]:
         # /db/query runs on a read-only connection, where even EXPLAIN of an UPDATE is
         # refused; a strong /db/request runs it on the writable one (as a write would).
         request = request_for(batch)
-        reply = http.post("/db/request", params={"level": "strong"}, json=request.body)
-        return parse_reply(reply.status_code, reply.content, len(request.body))
+        reply = http.post("/db/request", params={"level": "strong"}, content=request.body)
+        return parse_reply(reply.status_code, reply.content, request.statements)
 
     yield explain
     http.close()
     client.close()
 
 
-@pytest.mark.parametrize("name", list(hot_batches(sql.Names("plans"))))
+@pytest.mark.parametrize("name", list(hot_batches(sql.Names.of("plans"))))
 @pytest.mark.parametrize("backend", ["sqlite", "rqlite"])
 def test_no_full_scan(name: str, backend: str, request: pytest.FixtureRequest) -> None:
     execute: Execute = request.getfixturevalue(f"{backend}_execute")
-    assert full_scans(execute, hot_batches(sql.Names("plans"))[name]) == []
+    assert full_scans(execute, hot_batches(sql.Names.of("plans"))[name]) == []
 
 
 def test_the_checker_sees_a_full_scan(sqlite_execute: Execute) -> None:
     """The seed's claim scans the messages table: the check above would catch it."""
-    n = sql.Names("plans")
+    n = sql.Names.of("plans")
     seed_claim = sql.Batch(
         (
             sql.Statement(
@@ -143,21 +181,25 @@ SEED_CLAIM = (
 )
 
 
-@pytest.mark.parametrize("name", [*hot_batches(sql.Names("plans")), "seed claim (must grow)"])
+@pytest.mark.parametrize("name", [*hot_batches(sql.Names.of("plans")), "seed claim (must grow)"])
 def test_claim_cost_is_flat(name: str, tmp_path: Path) -> None:
     """Each hot batch does about the same work behind 200 or 20 000 groups; the seed's
     claim shows the check can fail."""
-    n = sql.Names("plans")
+    n = sql.Names.of("plans")
     batches = hot_batches(n)
     batches["seed claim (must grow)"] = sql.Batch((sql.Statement(SEED_CLAIM.format(n=n)),))
     sizes = {}
     for size in (200, BACKLOG):
         path = str(tmp_path / f"q{size}.db")
         executor = SqliteExecutor(path)
-        executor.execute(sql.schema(n))
+
+        def execute(batch: sql.Batch, executor: SqliteExecutor = executor) -> list[sql.Result]:
+            return executor.execute(batch, time.monotonic() + 60)
+
+        create(n, execute)
         messages = [sql.NewMessage(f"g{i}", "{}", 0) for i in range(size)]
         messages.append(sql.NewMessage("urgent", "{}", 4))
-        executor.execute(sql.publish(n, messages, 1.0, 2.0).batch)
+        execute(sql.publish(n, messages, now=1.0, dedup_until=2.0, prune_before=None))
         executor.close()
         sizes[size] = vm_steps(path, batches[name])
     flat = sizes[BACKLOG] <= sizes[200] * 1.2 + 20

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from rqlite_queue import RqliteTransport, SqliteTransport, Transport, Unavailable
+from rqlite_queue import OutcomeUnknown, RqliteTransport, SqliteTransport, Transport
 from rqlite_queue.cluster import Cluster
 from rqlite_queue.sql import Batch, Result
 
@@ -26,12 +26,12 @@ class LoseReplies:
         self.count = 0
         self.sent = 0
 
-    def execute(self, batch: Batch) -> list[Result]:
+    def execute(self, batch: Batch, deadline: float) -> list[Result]:
         self.sent += 1
-        results: list[Result] = self.inner.execute(batch)
+        results: list[Result] = self.inner.execute(batch, deadline)
         if batch.write and self.count > 0:
             self.count -= 1
-            raise Unavailable("reply lost (test)")
+            raise OutcomeUnknown("reply lost (test)")
         return results
 
     def close(self) -> None:
@@ -101,7 +101,7 @@ def test_a_resent_publish_with_dedup_id_publishes_once(q: Any) -> None:
 
 def test_a_publish_without_dedup_id_is_not_resent(q: Any) -> None:
     q.lossy.count, q.lossy.sent = 1, 0
-    with pytest.raises(Unavailable):
+    with pytest.raises(OutcomeUnknown):
         q.publish("g", "m")
     assert q.lossy.sent == 1  # not sent again: that could publish twice
     assert q.stats().depth == 1  # it did apply; the caller could not know

@@ -36,17 +36,14 @@ def fresh_queue() -> str:
 
 
 def test_every_operation_is_one_http_request(cluster3: Cluster) -> None:
-    sent: list[str] = []
     url = cluster3.followers()[0].http_url  # a follower forwards; still one request from us
-    q = RqliteTransport(
-        url, queue=fresh_queue(), event_hooks={"request": [lambda r: sent.append(r.url.path)]}
-    )
+    q = RqliteTransport(url, queue=fresh_queue())
     q.setup()
 
     def requests(call: Any) -> int:
-        sent.clear()
+        before = q.client.requests
         call()
-        return len(sent)
+        return q.client.requests - before
 
     assert requests(lambda: q.publish("g", 1)) == 1
     assert requests(lambda: q.publish("g", 2, dedup_id="d")) == 1
@@ -61,9 +58,27 @@ def test_every_operation_is_one_http_request(cluster3: Cluster) -> None:
     assert requests(lambda: q.ack_many(leases[-2:])) == 1
     assert requests(lambda: leases.append(q.claim("w", 30))) == 1
     assert requests(lambda: q.dead_letter(leases[-1], "why")) == 1
+    assert requests(lambda: q.settle_and_claim("w", 30, 5, ack=leases[2:3])) == 1
     assert requests(lambda: q.stats()) == 1
+    assert requests(lambda: q.probe()) == 1
+    assert requests(lambda: q.claim("w", 30, min_priority=4)) == 1  # a write: found nothing
+    # After a claim that found nothing, a claim only reads (no write) while nothing is there.
     assert requests(lambda: q.claim("w", 30, min_priority=4)) == 1
-    assert set(sent) == {"/db/request"}
+    q.close()
+
+
+def test_an_idle_claim_does_not_write_to_raft(cluster3: Cluster) -> None:
+    q = RqliteTransport(cluster3.url, queue=fresh_queue())
+    q.setup()
+    assert q.claim("w", 30) is None  # one write, finding nothing
+    leader = cluster3.leader()
+    before = leader.status()["store"]["raft"]["last_log_index"]
+    for _ in range(20):
+        assert q.claim("w", 30) is None
+    assert leader.status()["store"]["raft"]["last_log_index"] == before
+    q.publish("g", 1)
+    lease = q.claim("w", 30)  # a read finds it, then the write takes it
+    assert lease is not None and lease.event == 1
     q.close()
 
 
@@ -72,7 +87,8 @@ def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
     q = SqliteTransport(path, queue="v")
     q.setup()
     q._executor.execute(  # what a future version of the library would have written
-        Batch((Statement("UPDATE rq_v_meta SET value = 99 WHERE key = 'schema_version'"),))
+        Batch((Statement("UPDATE rq_v_meta SET value = 99 WHERE key = 'schema_version'"),)),
+        time.monotonic() + 10,
     )
     q.close()
     with pytest.raises(SchemaError, match="99"):

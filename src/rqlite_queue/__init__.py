@@ -4,8 +4,11 @@ Inside a group, messages are delivered in publish order, one at a time; across g
 run in parallel, served round-robin with a priority floor."""
 
 from ._async.transport import AsyncRqliteTransport, AsyncSqliteTransport, AsyncTransport
+from ._async.worker import AsyncWorker
 from ._sync.transport import RqliteTransport, SqliteTransport, Transport
+from ._sync.worker import Worker
 from .codec import Codec, JsonCodec, ModelCodec, RawCodec
+from .core import Probe, Round
 from .errors import (
     AuthError,
     BackendError,
@@ -14,19 +17,24 @@ from .errors import (
     InvalidArgument,
     LeaseLost,
     NoLeader,
+    OutcomeUnknown,
     PayloadTooLarge,
     QueueError,
     SchemaError,
+    TransportClosed,
     Unavailable,
 )
 from .lease import DeadLetter, Lease, Stats
+from .worker_policy import Backoff, Park
 
 __all__ = [
     "AsyncRqliteTransport",
     "AsyncSqliteTransport",
     "AsyncTransport",
+    "AsyncWorker",
     "AuthError",
     "BackendError",
+    "Backoff",
     "Codec",
     "DeadLetter",
     "DecodeError",
@@ -37,15 +45,21 @@ __all__ = [
     "LeaseLost",
     "ModelCodec",
     "NoLeader",
+    "OutcomeUnknown",
+    "Park",
     "PayloadTooLarge",
+    "Probe",
     "QueueError",
     "RawCodec",
+    "Round",
     "RqliteTransport",
     "SchemaError",
     "SqliteTransport",
     "Stats",
     "Transport",
+    "TransportClosed",
     "Unavailable",
+    "Worker",
     "from_url",
 ]
 

@@ -1,133 +1,182 @@
-"""The few primitives where threads and asyncio really differ: running handlers concurrently,
-an interruptible sleep, waiting for what is running, signals. The worker loop itself is
-written once (in `_async/worker.py`, with `_sync/worker.py` generated from it) on top of these.
-"""
+"""The few primitives where threads and asyncio really differ: running handlers concurrently on
+reused threads or tasks, an interruptible wait, signals. The worker loop itself is written once
+(in `_async/worker.py`, with `_sync/worker.py` generated from it) on top of these."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import inspect
+import queue
 import signal
 import threading
-import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
 from typing import Any
 
+from .errors import InvalidArgument
+
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+Done = Callable[[Any, BaseException | None], None]
+"""Called with (key, the handler's exception or None) when a handler finishes."""
+
+
+def is_async_handler(handler: Callable[..., Any]) -> bool:
+    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
+        getattr(handler, "__call__", None)  # noqa: B004 - an object with an async __call__
+    )
+
+
+class DaemonPool(Executor):
+    """Up to `size` reused daemon threads. Daemons, so that a handler stuck past the grace
+    period (its lease nacked) does not keep the process from exiting."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._jobs: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None]
+        self._jobs = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._threads = 0
+        self._idle = 0
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        with self._lock:
+            if self._idle > 0:
+                self._idle -= 1
+            elif self._threads < self._size:
+                self._threads += 1
+                threading.Thread(
+                    target=self._work, name="rqlite-queue-handler", daemon=True
+                ).start()
+        self._jobs.put((future, lambda: fn(*args, **kwargs)))
+        return future
+
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            future, fn = job
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn())
+                except BaseException as exc:
+                    future.set_exception(exc)
+            with self._lock:
+                self._idle += 1
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        with self._lock:
+            threads, self._threads, self._idle = self._threads, 0, 0
+        for _ in range(threads):
+            self._jobs.put(None)
+
+
+def _report(key: Any, done: Done) -> Callable[[Future[Any]], None]:
+    def callback(future: Future[Any]) -> None:
+        if future.cancelled():
+            done(key, asyncio.CancelledError())
+        else:
+            done(key, future.exception())
+
+    return callback
 
 
 class AsyncRuntime:
     def __init__(self, concurrency: int) -> None:
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks: set[asyncio.Future[Any]] = set()
         self._wake = asyncio.Event()
         self._installed: list[signal.Signals] = []
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    def spawn(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> None:
         self._loop = asyncio.get_running_loop()
-        task: asyncio.Task[Any] = self._loop.create_task(fn(*args))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._pool = DaemonPool(concurrency)
 
-    async def call(self, handler: Callable[..., Any], *args: Any) -> Any:
-        """An async handler is awaited; a sync one runs in a thread, off the event loop."""
-        if inspect.iscoroutinefunction(handler):
-            return await handler(*args)
-        result = await asyncio.to_thread(handler, *args)
+    @staticmethod
+    def check_handler(handler: Callable[..., Any]) -> None:
+        if not callable(handler):
+            raise InvalidArgument(f"the handler must be callable, got {handler!r}")
+
+    def start(self, handler: Callable[..., Any], lease: Any, key: Any, done: Done) -> None:
+        """Run `handler(lease)`: a coroutine function as a task, a sync one on a reused thread,
+        off the event loop. `done` is called on the loop when it finishes."""
+        future: asyncio.Future[Any]
+        if is_async_handler(handler):
+            future = self._loop.create_task(handler(lease))
+        else:
+            future = self._loop.create_task(self._in_thread(handler, lease))
+        self._tasks.add(future)
+        future.add_done_callback(self._tasks.discard)
+        future.add_done_callback(_report(key, done))  # type: ignore[arg-type]
+
+    async def _in_thread(self, handler: Callable[..., Any], lease: Any) -> Any:
+        result = await self._loop.run_in_executor(self._pool, handler, lease)
         if inspect.isawaitable(result):
             return await result
         return result
 
-    async def sleep(self, seconds: float) -> None:
-        """Sleep, or return early when `wake` is called."""
+    async def wait(self, seconds: float) -> None:
+        """Wait `seconds`, or until `wake` is called."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), seconds)
+            await asyncio.wait_for(self._wake.wait(), max(0.0, seconds))
         self._wake.clear()
 
     def wake(self) -> None:
         # May be called from another thread (e.g. `stop()`): hand the set to the loop.
-        if self._loop is not None and not self._loop.is_closed():
+        if not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._wake.set)
 
-    async def wait_all(self, timeout: float) -> bool:
-        """Wait until every spawned task is done; False if some still run after `timeout`."""
-        pending = {t for t in self._tasks if not t.done()}
-        if not pending:
-            return True
-        _, still = await asyncio.wait(pending, timeout=timeout)
-        return not still
-
-    def cancel_all(self) -> None:
+    def abandon(self) -> None:
+        """Cancel handler tasks still running (threads cannot be cancelled: a sync handler
+        finishes on its own, and finds its lease given back)."""
         for task in self._tasks:
             task.cancel()
+        self._pool.shutdown(wait=False)
 
     def install_signals(self, on_signal: Callable[[], None]) -> None:
-        loop = asyncio.get_running_loop()
         for sig in _SIGNALS:
             try:
-                loop.add_signal_handler(sig, on_signal)
+                self._loop.add_signal_handler(sig, on_signal)
                 self._installed.append(sig)
             except (NotImplementedError, RuntimeError, ValueError):
                 pass  # not the main thread, or no signals here
 
     def remove_signals(self) -> None:
-        loop = asyncio.get_running_loop()
         for sig in self._installed:
-            loop.remove_signal_handler(sig)
+            self._loop.remove_signal_handler(sig)
         self._installed.clear()
 
 
 class SyncRuntime:
     def __init__(self, concurrency: int) -> None:
-        # Daemon threads, not a pool: after the grace period a stuck handler is abandoned
-        # (its lease nacked), and it must not keep the process from exiting.
-        self._threads: set[threading.Thread] = set()
-        self._lock = threading.Lock()
         self._wake = threading.Event()
         self._previous: dict[signal.Signals, Any] = {}
+        self._pool = DaemonPool(concurrency)
 
-    def spawn(self, fn: Callable[..., Any], *args: Any) -> None:
+    @staticmethod
+    def check_handler(handler: Callable[..., Any]) -> None:
+        if not callable(handler):
+            raise InvalidArgument(f"the handler must be callable, got {handler!r}")
+        if is_async_handler(handler):
+            raise InvalidArgument("Worker takes a sync handler; use AsyncWorker for a coroutine")
+
+    def start(self, handler: Callable[..., Any], lease: Any, key: Any, done: Done) -> None:
         def run() -> None:
-            try:
-                fn(*args)
-            finally:
-                with self._lock:
-                    self._threads.discard(threading.current_thread())
+            result = handler(lease)
+            if inspect.isawaitable(result):
+                close = getattr(result, "close", None)
+                if close is not None:
+                    close()  # never awaited: do not leave a warning behind
+                raise InvalidArgument("the handler returned an awaitable: use AsyncWorker")
 
-        thread = threading.Thread(target=run, name="rqlite-queue-worker", daemon=True)
-        with self._lock:
-            self._threads.add(thread)
-        thread.start()
+        self._pool.submit(run).add_done_callback(_report(key, done))
 
-    def call(self, handler: Callable[..., Any], *args: Any) -> Any:
-        if inspect.iscoroutinefunction(handler):
-            raise TypeError("Worker takes a sync handler; use AsyncWorker for a coroutine")
-        return handler(*args)
-
-    def sleep(self, seconds: float) -> None:
-        self._wake.wait(seconds)
+    def wait(self, seconds: float) -> None:
+        self._wake.wait(max(0.0, seconds))
         self._wake.clear()
 
     def wake(self) -> None:
         self._wake.set()
 
-    def wait_all(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while True:
-            with self._lock:
-                pending = [t for t in self._threads if t.is_alive()]
-            if not pending:
-                return True
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            pending[0].join(left)
-
-    def cancel_all(self) -> None:
-        # Threads cannot be cancelled: handlers still running finish on their own (daemon
-        # threads: they do not hold the process) and find their leases nacked.
-        pass
+    def abandon(self) -> None:
+        self._pool.shutdown(wait=False)
 
     def install_signals(self, on_signal: Callable[[], None]) -> None:
         if threading.current_thread() is not threading.main_thread():

@@ -200,7 +200,7 @@ def _parse_event(text: str) -> Any:
 def _read_lines(stream: Any, default_priority: int, queue: str) -> list[dict[str, Any]]:
     """Every JSON line of stdin, each checked as `publish_many` would check it (nothing is
     published if any line is bad)."""
-    checker = QueueCore(queue=queue)
+    checker = QueueCore(queue=queue, clock=time.time, token=str, chance=lambda: 1.0)
     items: list[dict[str, Any]] = []
     for number, line in enumerate(stream, start=1):
         if not line.strip():

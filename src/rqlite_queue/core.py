@@ -1,33 +1,51 @@
 """The queue's logic without I/O: each operation checks its input, then returns a `Plan`: the
 `Batch` to run (built in `sql`) and how to read its results. The sync, async and embedded
-transports run plans and nothing else."""
+transports run plans and nothing else.
+
+Deterministic, like h11: the clock, the lease tokens and the coin that decides when to prune
+are given to it (`QueueCore(clock=..., token=..., chance=...)`); nothing here reads the time,
+draws a random number or touches a socket, so every plan can be tested on canned results."""
 
 from __future__ import annotations
 
-import random
-import re
-import time
-import uuid
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from . import sql
 from .codec import Codec, as_codec
-from .errors import EncodeError, InvalidArgument, LeaseLost, PayloadTooLarge
+from .errors import (
+    EncodeError,
+    InvalidArgument,
+    LeaseLost,
+    PayloadTooLarge,
+    SchemaError,
+    TransportClosed,
+)
 from .lease import DeadLetter, Lease, Stats
 
 T = TypeVar("T")
 
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
 DEFAULT_DEDUP_WINDOW = 300.0
+MAX_SECONDS = 366 * 24 * 3600.0
+"""Longest visibility, delay or window accepted: a year."""
+MAX_ID_BYTES = 1024
+"""Longest group id, dedup id or worker id, encoded."""
+MAX_REASON_BYTES = 64 * 1024
+MAX_BATCH = 10_000
+"""Most messages claimed, listed, or named by seq in one call."""
+PRUNE_CHANCE = 1 / 16
+"""Pruning forgotten rows on a sixteenth of the calls that could leave some keeps the tables
+small at a sixteenth of the cost (every statement costs rqlite a parse on each node)."""
 
 
 @dataclass(frozen=True, slots=True)
 class Plan(Generic[T]):
     batch: sql.Batch
-    read: Callable[[Sequence[sql.Result]], T]
-    replay: Callable[[Sequence[sql.Result]], T] | None = None
+    read: Callable[[sql.Reply], T]
+    replay: Callable[[sql.Reply], T] | None = None
     """How to read the results of this batch sent once more after a first attempt whose
     outcome is unknown (the reply was lost); None when a second application could do harm,
     so the batch is not sent again."""
@@ -38,34 +56,84 @@ PublishItem = tuple[str, Any] | tuple[str, Any, int] | Mapping[str, Any]
 optionally `dedup_id`)."""
 
 
+@dataclass(frozen=True, slots=True)
+class Round:
+    """What `settle_and_claim` did: the new leases, the settlements whose lease no longer held
+    (they changed nothing), and the extended leases (with their new deadline)."""
+
+    leases: list[Lease] = field(default_factory=list)
+    lost: list[Lease] = field(default_factory=list)
+    extended: list[Lease] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """A node-local look at the queue: is a group claimable now, and when does the earliest
+    lease or park end (None: none in flight)."""
+
+    claimable: bool
+    next_due: float | None
+
+
 class QueueCore:
-    """The pure half of a transport: names, codec, clock, limits."""
+    """The pure half of a transport: names, codec, clock, token source, limits."""
 
     def __init__(
         self,
         *,
         queue: str = "default",
         codec: Codec | type[Any] | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float],
+        token: Callable[[], str],
+        chance: Callable[[], float],
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         dedup_window: float = DEFAULT_DEDUP_WINDOW,
+        dedup_key: Callable[[Any], str | None] | None = None,
     ) -> None:
         if not isinstance(queue, str) or not sql.QUEUE_NAME.fullmatch(queue):
             raise InvalidArgument(
                 f"queue name {queue!r}: use 1-40 lower-case letters, digits or '_'"
             )
-        if dedup_window <= 0:
-            raise InvalidArgument("dedup_window must be > 0")
-        self.names = sql.Names(queue)
-        self.codec = as_codec(codec)
+        _check_seconds(dedup_window, "dedup_window", allow_zero=False)
+        _check_int(max_payload_bytes, "max_payload_bytes", 1)
+        if dedup_key is not None and not callable(dedup_key):
+            raise InvalidArgument(f"dedup_key must be a function of the event, got {dedup_key!r}")
+        try:
+            self.codec = as_codec(codec)
+        except TypeError as exc:
+            raise InvalidArgument(str(exc)) from None
+        self.names = sql.Names.of(queue)
         self.clock = clock
+        self.token = token
+        self.chance = chance
         self.max_payload_bytes = max_payload_bytes
-        self.dedup_window = dedup_window
+        self.dedup_window = float(dedup_window)
+        self.dedup_key = dedup_key
+        self.closed = False
+
+    def _now(self) -> float:
+        if self.closed:
+            raise TransportClosed(f"queue {self.names.queue!r}: the transport is closed")
+        return self.clock()
 
     # ------------------------------------------------------------------------ setup
 
-    def setup(self) -> Plan[int]:
-        return Plan(sql.schema(self.names), sql.read_schema_version, sql.read_schema_version)
+    def bootstrap(self) -> Plan[int]:
+        """Create the version record if missing and read it (0: a new database)."""
+        self._now()
+        return Plan(sql.bootstrap(self.names), sql.read_version, sql.read_version)
+
+    def upgrade(self, version: int) -> Plan[int] | None:
+        """The plan that brings a database at `version` to this code's (None: it is)."""
+        if version > sql.SCHEMA_VERSION:
+            raise SchemaError(
+                f"queue {self.names.queue!r} has schema version {version}; this library knows "
+                f"{sql.SCHEMA_VERSION}: upgrade rqlite-queue"
+            )
+        if version == sql.SCHEMA_VERSION:
+            return None
+        batch = sql.create(self.names) if version == 0 else sql.migrate(self.names, version)
+        return Plan(batch, lambda reply: sql.SCHEMA_VERSION)
 
     # ---------------------------------------------------------------------- publish
 
@@ -76,128 +144,209 @@ class QueueCore:
         return self._publish([message], lambda seqs: seqs[0])
 
     def publish_many(self, items: Iterable[PublishItem]) -> Plan[list[int]]:
+        if isinstance(items, str | bytes) or not isinstance(items, Iterable):
+            raise InvalidArgument(f"publish_many takes an iterable of items, got {items!r}")
         messages = [self._message(*_unpack(item)) for item in items]
+        if len(messages) > MAX_BATCH * 10:
+            raise InvalidArgument(f"at most {MAX_BATCH * 10} messages per publish_many")
         return self._publish(messages, lambda seqs: seqs)
 
     def _publish(self, messages: list[sql.NewMessage], pick: Callable[[list[int]], T]) -> Plan[T]:
-        now = self.clock()
-        plan = sql.publish(self.names, messages, now, now + self.dedup_window)
+        now = self._now()
+        # A dedup id repeated within one batch is one message: its repeats get its seq.
+        unique: list[sql.NewMessage] = []
+        seen: set[str] = set()
+        for m in messages:
+            if m.dedup_id is not None:
+                if m.dedup_id in seen:
+                    continue
+                seen.add(m.dedup_id)
+            unique.append(m)
+        # Forget ids a whole window after they expired: a publisher whose clock runs ahead of
+        # another's by up to the window cannot prune ids the other still relies on.
+        prune = bool(seen) and self.chance() < PRUNE_CHANCE
+        batch = sql.publish(
+            self.names,
+            unique,
+            now=now,
+            dedup_until=now + self.dedup_window,
+            prune_before=now - self.dedup_window if prune else None,
+        )
 
-        def read(results: Sequence[sql.Result]) -> T:
-            return pick(sql.read_published_seqs(plan, results))
+        def read(reply: sql.Reply) -> T:
+            seqs = dict(zip(map(id, unique), sql.read_published(reply, unique), strict=True))
+            by_dedup = {m.dedup_id: seqs[id(m)] for m in unique if m.dedup_id is not None}
+            return pick(
+                [seqs[id(m)] if m.dedup_id is None else by_dedup[m.dedup_id] for m in messages]
+            )
 
         # Only dedup ids make a second send harmless: it then finds the ids and inserts nothing.
         every_message_deduplicated = all(m.dedup_id is not None for m in messages)
-        return Plan(plan.batch, read, read if every_message_deduplicated else None)
+        return Plan(batch, read, read if every_message_deduplicated else None)
 
     def _message(
         self, group_id: str, event: Any, priority: int, dedup_id: str | None
     ) -> sql.NewMessage:
-        _check_group(group_id)
+        _check_id(group_id, "group_id")
         _check_int(priority, "priority", 0, sql.MAX_PRIORITY)
-        if dedup_id is not None:
-            if not isinstance(dedup_id, str) or not dedup_id:
-                raise InvalidArgument("dedup_id must be a non-empty string")
-            _check_text(dedup_id, "dedup_id")
         text = self.codec.encode(event)
-        if not isinstance(text, str) or _HEX_LITERAL.fullmatch(text):
-            raise EncodeError(f"codec {self.codec!r} must encode to text not shaped x'..'")
-        size = len(text.encode("utf-8"))
+        if not isinstance(text, str):
+            raise EncodeError(f"codec {self.codec!r} must encode to str, got {type(text)}")
+        try:
+            size = len(text.encode("utf-8"))
+        except UnicodeEncodeError as exc:
+            raise EncodeError(f"payload is not valid Unicode text: {exc.reason}") from None
         if size > self.max_payload_bytes:
             raise PayloadTooLarge(
                 f"payload is {size} bytes encoded; the limit is {self.max_payload_bytes}"
             )
+        if dedup_id is None and self.dedup_key is not None:
+            try:
+                dedup_id = self.dedup_key(event)
+            except Exception as exc:
+                raise InvalidArgument(f"dedup_key failed on this event: {exc!r}") from exc
+        if dedup_id is not None:
+            _check_id(dedup_id, "dedup_id")
         return sql.NewMessage(group_id, text, priority, dedup_id)
 
-    # ------------------------------------------------------------------------ claim
+    # ------------------------------------------------------------- settle, then claim
+
+    def round(
+        self,
+        *,
+        worker_id: str | None = None,
+        visibility: float = 30.0,
+        n: int = 0,
+        min_priority: int = 0,
+        ack: Sequence[Lease] = (),
+        nack: Sequence[tuple[Lease, float]] = (),
+        extend: Sequence[Lease] = (),
+        dead: Sequence[tuple[Lease, str]] = (),
+        hold_dead: bool = False,
+    ) -> Plan[Round]:
+        """Settle leases and claim up to `n` new ones, in one transaction (see `sql.round_trip`).
+
+        Resending after an unknown outcome is safe: the claim returns what the first send took
+        (same token); settlements are at-least-once (a resend that finds its lease gone, most
+        likely because the first send applied, does not report it lost)."""
+        _check_int(n, "n", 0, MAX_BATCH)
+        _check_int(min_priority, "min_priority", 0, sql.MAX_PRIORITY)
+        _check_seconds(visibility, "visibility", allow_zero=False)
+        plan = _Settlements()
+        for lease in _leases(ack):
+            plan.add(lease, "finish")
+        for pair in dead:
+            lease, reason = _pair(pair, "dead")
+            plan.add(lease, "finish", reason=_reason(reason))
+        for nack_pair in nack:
+            lease, delay = _pair(nack_pair, "nack")
+            _check_seconds(delay, "delay", allow_zero=True)
+            plan.add(lease, "give_back", delay=float(delay))
+        for lease in _leases(extend):
+            plan.add(lease, "extend")
+        claim = None
+        token = ""
+        if n:
+            _check_id(worker_id, "worker_id")
+            token = f"{worker_id}:{self.token()}"
+        now = self._now()
+        until = now + visibility
+        if n:
+            claim = sql.Claim(token, until, n, min_priority)
+        settle = plan.settle(now, until, hold_dead)
+        prune = bool(settle.finish) and self.chance() < PRUNE_CHANCE
+        batch = sql.round_trip(self.names, now=now, settle=settle, claim=claim, prune=prune)
+
+        def read(reply: sql.Reply, *, replayed: bool = False) -> Round:
+            lost = plan.lost([] if replayed else sql.read_lost(reply, settle))
+            lost_ids = {id(lease) for lease in lost}
+            return Round(
+                leases=[
+                    Lease(
+                        r.seq,
+                        r.group_id,
+                        self.codec.decode(r.event),
+                        token,
+                        r.attempts,
+                        r.expires_at,
+                    )
+                    for r in sql.read_leased(reply)
+                ],
+                lost=lost,
+                extended=[
+                    _with_deadline(plan.lease_of(h), until)
+                    for h in settle.extend
+                    if id(plan.lease_of(h)) not in lost_ids
+                ],
+            )
+
+        return Plan(batch, read, lambda reply: read(reply, replayed=True))
 
     def claim(
-        self, worker_id: str, visibility: float, count: int, min_priority: int
+        self, worker_id: str, visibility: float, n: int, min_priority: int
     ) -> Plan[list[Lease]]:
-        if not isinstance(worker_id, str) or not worker_id:
-            raise InvalidArgument("worker_id must be a non-empty string")
-        _check_visibility(visibility)
-        _check_int(count, "n", 1)
-        _check_int(min_priority, "min_priority", 0, sql.MAX_PRIORITY)
-        now = self.clock()
-        token = f"{worker_id}:{uuid.uuid4().hex}"
-        batch = sql.claim(
-            self.names,
-            token=token,
-            now=now,
-            until=now + visibility,
-            count=count,
-            min_priority=min_priority,
+        _check_int(n, "n", 1, MAX_BATCH)
+        plan = self.round(
+            worker_id=worker_id, visibility=visibility, n=n, min_priority=min_priority
         )
+        return _then(plan, lambda r: r.leases)
 
-        def read(results: Sequence[sql.Result]) -> list[Lease]:
-            return self._leases(results, token)
-
-        # A second send with the same token finds the groups the first one took and returns
-        # them, instead of taking more (and stranding those for a whole visibility period).
-        return Plan(batch, read, read)
-
-    def _leases(self, results: Sequence[sql.Result], token: str) -> list[Lease]:
-        return [
-            Lease(
-                row.seq,
-                row.group_id,
-                self.codec.decode(row.event),
-                token,
-                row.attempts,
-                row.expires_at,
-            )
-            for row in sql.read_leased(results)
-        ]
+    def probe(self, min_priority: int) -> Plan[Probe]:
+        _check_int(min_priority, "min_priority", 0, sql.MAX_PRIORITY)
+        self._now()
+        return Plan(
+            sql.probe(self.names, min_priority=min_priority),
+            lambda reply: Probe(*sql.read_probe(reply)),
+        )
 
     # ------------------------------------------------------- calls on a lease (fenced)
 
     def ack(self, leases: Sequence[Lease]) -> Plan[None]:
-        held = [_held(lease) for lease in leases]
-
-        def read(results: Sequence[sql.Result]) -> None:
-            lost = [
-                lease for lease, ok in zip(leases, sql.read_ack(results), strict=True) if not ok
-            ]
-            if lost:
-                raise LeaseLost(_lost_message(lost, "ack"), lost)
-
-        # Pruning the retired turns on one ack in 16 keeps that table small at a sixteenth
-        # of the cost (every statement costs rqlite a parse on each node).
-        prune = random.random() < 1 / 16
-        batch = sql.ack(self.names, held, now=self.clock(), prune=prune)
-        return Plan(batch, read, _done)
+        return _fenced(self.round(ack=leases), "ack")
 
     def nack(self, lease: Lease, delay: float) -> Plan[None]:
-        if isinstance(delay, bool) or not isinstance(delay, int | float) or delay < 0:
-            raise InvalidArgument(f"delay must be a number >= 0, got {delay!r}")
-        batch = sql.nack(self.names, _held(lease), now=self.clock(), delay=float(delay))
-        return Plan(batch, _fenced(lease, "nack", sql.read_changed, None), _done)
+        return _fenced(self.round(nack=[(lease, delay)]), "nack")
 
     def extend(self, lease: Lease, visibility: float) -> Plan[Lease]:
-        _check_visibility(visibility)
-        until = self.clock() + visibility
-        batch = sql.extend(self.names, _held(lease), until=until)
-        extended = Lease(lease.seq, lease.group_id, lease.event, lease.token, lease.attempts, until)
-        read = _fenced(lease, "extend", sql.read_changed, extended)
-        return Plan(batch, read, read)
+        plan = self.round(extend=[lease], visibility=visibility)
+        fenced = _fenced(plan, "extend")
 
-    def dead_letter(self, lease: Lease, reason: str) -> Plan[None]:
-        if not isinstance(reason, str):
-            raise InvalidArgument("reason must be a string")
-        if _HEX_LITERAL.fullmatch(reason):
-            reason = f"reason: {reason}"  # free text: keep it readable rather than refuse it
-        batch = sql.dead_letter(self.names, _held(lease), reason=reason, now=self.clock())
-        return Plan(batch, _fenced(lease, "dead_letter", sql.read_dead_lettered, None), _done)
+        def read(reply: sql.Reply) -> Lease:
+            fenced.read(reply)
+            return plan.read(reply).extended[0]
+
+        # A resend that finds the lease gone means it was taken over (an extend never
+        # releases it): that is reported, as on a first send.
+        return Plan(plan.batch, read, read)
+
+    def dead_letter(self, lease: Lease, reason: str, hold: bool = False) -> Plan[None]:
+        return _fenced(self.round(dead=[(lease, reason)], hold_dead=hold), "dead_letter")
+
+    # ------------------------------------------------------------------ holds
+
+    def hold(self, group_id: str) -> Plan[None]:
+        _check_id(group_id, "group_id")
+        self._now()
+        return Plan(sql.hold(self.names, group_id), _nothing, _nothing)
+
+    def release(self, group_id: str) -> Plan[bool]:
+        _check_id(group_id, "group_id")
+        self._now()
+
+        def read(reply: sql.Reply) -> bool:
+            return reply["released"].rows_affected == 1
+
+        return Plan(sql.release(self.names, group_id), read, lambda reply: True)
 
     # ------------------------------------------------------------------ dead letters
 
     def dead_letters(self, limit: int, group_id: str | None) -> Plan[list[DeadLetter]]:
-        _check_int(limit, "limit", 1)
+        _check_int(limit, "limit", 1, MAX_BATCH)
         if group_id is not None:
-            _check_group(group_id)
+            _check_id(group_id, "group_id")
+        self._now()
 
-        def read(results: Sequence[sql.Result]) -> list[DeadLetter]:
+        def read(reply: sql.Reply) -> list[DeadLetter]:
             return [
                 DeadLetter(
                     int(r[0]),
@@ -209,26 +358,27 @@ class QueueCore:
                     float(r[6]),
                     float(r[7]),
                 )
-                for r in results[0].rows
+                for r in reply["dead"].rows
             ]
 
         return Plan(sql.list_dead(self.names, limit=limit, group_id=group_id), read)
 
     def requeue_dead(self, seqs: Sequence[int] | None) -> Plan[int]:
-        batch = sql.requeue_dead(self.names, _check_seqs(seqs), now=self.clock())
-        return Plan(batch, lambda results: results[-1].rows_affected)
+        batch = sql.requeue_dead(self.names, _check_seqs(seqs), now=self._now())
+        return Plan(batch, lambda reply: reply["requeued"].rows_affected)
 
     def purge_dead(self, seqs: Sequence[int] | None) -> Plan[int]:
-        batch = sql.purge_dead(self.names, _check_seqs(seqs))
-        return Plan(batch, lambda results: results[-1].rows_affected)
+        checked = _check_seqs(seqs)
+        self._now()
+        return Plan(sql.purge_dead(self.names, checked), lambda r: r["purged"].rows_affected)
 
     # ------------------------------------------------------------------------- reads
 
     def stats(self) -> Plan[Stats]:
-        now = self.clock()
+        now = self._now()
 
-        def read(results: Sequence[sql.Result]) -> Stats:
-            depth, groups, in_flight, parked, dead, oldest = results[0].rows[0]
+        def read(reply: sql.Reply) -> Stats:
+            depth, groups, in_flight, parked, dead, oldest, held = reply["counts"].rows[0]
             return Stats(
                 depth=int(depth),
                 groups=int(groups),
@@ -236,37 +386,88 @@ class QueueCore:
                 parked=int(parked),
                 dead=int(dead),
                 oldest_age=None if oldest is None else max(0.0, now - float(oldest)),
-                by_priority={int(p): int(c) for p, c in results[1].rows},
+                by_priority={int(p): int(c) for p, c in reply["by_priority"].rows},
+                held=int(held),
             )
 
         return Plan(sql.stats(self.names, now=now), read)
 
     def peek(self, group_id: str, limit: int) -> Plan[list[tuple[int, Any]]]:
-        _check_group(group_id)
-        _check_int(limit, "limit", 1)
+        _check_id(group_id, "group_id")
+        _check_int(limit, "limit", 1, MAX_BATCH)
+        self._now()
         return Plan(
             sql.peek(self.names, group_id, limit=limit),
-            lambda results: [(int(r[0]), self.codec.decode(str(r[1]))) for r in results[0].rows],
+            lambda reply: [
+                (int(r[0]), self.codec.decode(str(r[1]))) for r in reply["messages"].rows
+            ],
         )
 
 
-def _check_group(group_id: object) -> None:
-    if not isinstance(group_id, str) or not group_id:
-        raise InvalidArgument(f"group_id must be a non-empty string, got {group_id!r}")
-    _check_text(group_id, "group_id")
+class _Settlements:
+    """The leases a round settles, checked, each named once: a lease named again in the same
+    round is settled the first time and reported lost the others (by then it no longer holds)."""
 
+    def __init__(self) -> None:
+        self.finish: list[sql.Held] = []
+        self.reasons: dict[int, str] = {}
+        self.give_back: list[tuple[sql.Held, float]] = []
+        self.extend: list[sql.Held] = []
+        self._repeats: list[tuple[int, Lease]] = []
+        self._leases: dict[int, tuple[int, Lease]] = {}
+        self._seen: set[tuple[str, str, int]] = set()
+        self._count = 0
 
-# rqlite turns a string parameter shaped like an SQL hex literal (x'00ff') into a BLOB
-# (its http/request_parser.go), so such a string would not come back as the same text.
-_HEX_LITERAL = re.compile(r"\s*[xX]'(?:[0-9a-fA-F]{2})*'\s*")
+    def add(self, lease: Lease, kind: str, *, reason: str | None = None, delay: float = 0) -> None:
+        held = _held(lease)
+        key = (held.group_id, held.token, held.seq)
+        self._count += 1
+        if key in self._seen:
+            self._repeats.append((self._count, lease))
+            return
+        self._seen.add(key)
+        self._leases[id(held)] = (self._count, lease)
+        if kind == "finish":
+            self.finish.append(held)
+            if reason is not None:
+                self.reasons[held.seq] = reason
+        elif kind == "give_back":
+            self.give_back.append((held, delay))
+        else:
+            self.extend.append(held)
 
+    def lease_of(self, held: sql.Held) -> Lease:
+        return self._leases[id(held)][1]
 
-def _check_text(value: str, what: str) -> None:
-    if _HEX_LITERAL.fullmatch(value):
-        raise InvalidArgument(
-            f"{what} {value!r} is shaped like an SQL hex literal, which rqlite would store "
-            f"as a BLOB: choose another"
+    def lost(self, held: Sequence[sql.Held]) -> list[Lease]:
+        """The leases of these settlements, and the repeats, in the order they were given."""
+        found = [self._leases[id(h)] for h in held] + self._repeats
+        return [lease for _, lease in sorted(found, key=lambda pair: pair[0])]
+
+    def settle(self, now: float, until: float, hold_dead: bool) -> sql.Settle:
+        return sql.Settle(
+            finish=self.finish,
+            dead=self.reasons,
+            hold=frozenset(self.reasons) if hold_dead else frozenset(),
+            give_back=[(h, now + delay if delay > 0 else 0.0) for h, delay in self.give_back],
+            extend=self.extend,
+            extend_until=until,
         )
+
+
+# ------------------------------------------------------------------------ checks
+
+
+def _check_id(value: object, what: str) -> None:
+    """A non-empty str of valid Unicode, at most MAX_ID_BYTES encoded."""
+    if not isinstance(value, str) or not value:
+        raise InvalidArgument(f"{what} must be a non-empty string, got {value!r}")
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise InvalidArgument(f"{what} is not valid Unicode text: {exc.reason}") from None
+    if size > MAX_ID_BYTES:
+        raise InvalidArgument(f"{what} is {size} bytes encoded; the limit is {MAX_ID_BYTES}")
 
 
 def _check_int(value: object, name: str, low: int, high: int | None = None) -> None:
@@ -278,48 +479,93 @@ def _check_int(value: object, name: str, low: int, high: int | None = None) -> N
         raise InvalidArgument(f"{name} must be {bounds}, got {value}")
 
 
-def _check_visibility(visibility: object) -> None:
-    if isinstance(visibility, bool) or not isinstance(visibility, int | float):
-        raise InvalidArgument(f"visibility must be a number of seconds, got {visibility!r}")
-    if not visibility > 0:
-        raise InvalidArgument(f"visibility must be > 0, got {visibility!r}")
+def _check_seconds(value: object, name: str, *, allow_zero: bool) -> None:
+    """A finite number of seconds, > 0 (or >= 0), at most MAX_SECONDS."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidArgument(f"{name} must be a number of seconds, got {value!r}")
+    low_ok = value >= 0 if allow_zero else value > 0
+    if not (math.isfinite(value) and low_ok and value <= MAX_SECONDS):
+        low = ">= 0" if allow_zero else "> 0"
+        raise InvalidArgument(f"{name} must be finite, {low} and <= {MAX_SECONDS:g}, got {value!r}")
 
 
-def _check_seqs(seqs: Sequence[int] | None) -> Sequence[int] | None:
+def _check_seqs(seqs: Sequence[int] | None) -> list[int] | None:
     if seqs is None:
         return None
+    if isinstance(seqs, str | bytes) or not isinstance(seqs, Iterable):
+        raise InvalidArgument(f"seqs must be a list of ints, or None for all; got {seqs!r}")
     seqs = list(seqs)
-    if not seqs or not all(isinstance(s, int) and not isinstance(s, bool) for s in seqs):
-        raise InvalidArgument("seqs must be a non-empty list of ints, or None for all")
+    if not seqs or len(seqs) > MAX_BATCH:
+        raise InvalidArgument(f"seqs must name 1-{MAX_BATCH} dead letters, or be None for all")
+    for s in seqs:
+        _check_int(s, "seq", 1, 2**63 - 1)
     return seqs
 
 
+def _reason(reason: object) -> str:
+    if not isinstance(reason, str):
+        raise InvalidArgument(f"reason must be a string, got {reason!r}")
+    try:
+        size = len(reason.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise InvalidArgument(f"reason is not valid Unicode text: {exc.reason}") from None
+    if size > MAX_REASON_BYTES:
+        raise InvalidArgument(f"reason is {size} bytes encoded; the limit is {MAX_REASON_BYTES}")
+    return reason
+
+
 def _held(lease: Lease) -> sql.Held:
-    if not isinstance(lease, Lease) and not (
-        hasattr(lease, "seq") and hasattr(lease, "group_id") and hasattr(lease, "token")
-    ):
+    if not isinstance(lease, Lease):
         raise InvalidArgument(f"not a lease: {lease!r}")
-    if not lease.token:
+    if not isinstance(lease.token, str) or not lease.token:
         raise InvalidArgument("this lease has no token: it was not made by claim")
-    return sql.Held(int(lease.seq), str(lease.group_id), str(lease.token))
+    _check_int(lease.seq, "lease.seq", 1, 2**63 - 1)
+    _check_id(lease.group_id, "lease.group_id")
+    _check_id(lease.token, "lease.token")
+    return sql.Held(lease.seq, lease.group_id, lease.token)
 
 
-def _done(results: Sequence[sql.Result]) -> None:
-    """Reading a resent ack, nack or dead_letter: if the lease no longer holds, the likeliest
-    cause is that the first send did apply; if it did not, the group was taken over and its
-    message will be handled by the new holder. Either way the caller's part is over
-    (at-least-once), so this does not raise `LeaseLost`."""
+def _leases(leases: Iterable[Lease]) -> list[Lease]:
+    if isinstance(leases, Lease | str | bytes) or not isinstance(leases, Iterable):
+        raise InvalidArgument(f"expected a list of leases, got {leases!r}")
+    return list(leases)
 
 
-def _fenced(
-    lease: Lease, call: str, held: Callable[[Sequence[sql.Result]], bool], value: T
-) -> Callable[[Sequence[sql.Result]], T]:
-    def read(results: Sequence[sql.Result]) -> T:
-        if not held(results):
-            raise LeaseLost(_lost_message([lease], call), [lease])
-        return value
+def _pair(pair: object, what: str) -> tuple[Lease, Any]:
+    if not isinstance(pair, tuple) or len(pair) != 2:
+        raise InvalidArgument(f"{what} items are (lease, value) pairs, got {pair!r}")
+    return pair[0], pair[1]
 
-    return read
+
+def _with_deadline(lease: Lease, until: float) -> Lease:
+    return Lease(lease.seq, lease.group_id, lease.event, lease.token, lease.attempts, until)
+
+
+def _nothing(reply: sql.Reply) -> None:
+    return None
+
+
+def _then(plan: Plan[Round], pick: Callable[[Round], T]) -> Plan[T]:
+    replay = plan.replay
+    return Plan(
+        plan.batch,
+        lambda reply: pick(plan.read(reply)),
+        None if replay is None else (lambda reply: pick(replay(reply))),
+    )
+
+
+def _fenced(plan: Plan[Round], call: str) -> Plan[None]:
+    """A settle-only round that raises `LeaseLost` for the leases that no longer held. A
+    resend reports success: if the lease no longer holds, the likeliest cause is that the
+    first send did apply; if it did not, the group was taken over and its message will be
+    handled by the new holder. Either way the caller's part is over (at-least-once)."""
+
+    def read(reply: sql.Reply) -> None:
+        lost = plan.read(reply).lost
+        if lost:
+            raise LeaseLost(_lost_message(lost, call), lost)
+
+    return Plan(plan.batch, read, _nothing)
 
 
 def _lost_message(leases: Sequence[Lease], call: str) -> str:

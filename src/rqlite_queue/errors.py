@@ -43,15 +43,29 @@ class BackendError(QueueError):
 
 
 class Unavailable(QueueError):
-    """The backend could not be reached, or could not commit, within the deadline."""
+    """The operation was not applied: no node could be reached, or none could commit, within
+    the deadline. Safe to retry."""
 
 
 class NoLeader(Unavailable):
-    """rqlite is up but has no leader (election under way, or no quorum)."""
+    """rqlite is up but has no leader (election under way, or no quorum): not applied."""
+
+
+class OutcomeUnknown(Unavailable):
+    """The request was sent but its reply was lost (a leader that died while committing, a
+    timeout, a dropped connection): it may or may not have been applied. The transport has
+    already resent what is safe to resend (see the contract); what reaches you is what it
+    could not settle: a publish without a dedup id (retrying could publish twice: give
+    publishes a `dedup_id`, or the transport a `dedup_key`), or any call whose deadline ran
+    out while the outcome was still unknown."""
 
 
 class AuthError(QueueError):
     """rqlite refused the credentials (HTTP 401/403). Not retried."""
+
+
+class TransportClosed(QueueError):
+    """The transport was closed: make a new one."""
 
 
 class SchemaError(QueueError):

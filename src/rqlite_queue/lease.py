@@ -51,3 +51,5 @@ class Stats:
     """Seconds since the oldest message still queued was published."""
     by_priority: dict[int, int]
     """Messages per group priority."""
+    held: int = 0
+    """Groups held (`hold_group`, or a dead letter with `hold_group_on_dead_letter`)."""

@@ -175,7 +175,17 @@ class WorkerCollector:
             ("dead_lettered", "Messages moved to the dead-letter table.", stats.dead_lettered),
             ("leases_lost", "Results dropped: the lease was taken over.", stats.leases_lost),
             ("extended", "Lease extensions (heartbeats).", stats.extended),
-            ("claim_errors", "Claim rounds that failed.", stats.claim_errors),
+            (
+                "claim_errors",
+                "Round trips that failed (their settlements are resent).",
+                stats.claim_errors,
+            ),
+            (
+                "rounds",
+                "Round trips: one write each, settling and claiming together.",
+                stats.rounds,
+            ),
+            ("probes", "Reads made while idle, instead of a write.", stats.probes),
         )
         for name, text, value in counters:
             metric = CounterMetricFamily(f"{PREFIX}_worker_{name}", text, labels=["queue"])
@@ -184,7 +194,7 @@ class WorkerCollector:
             yield metric
         histogram = HistogramMetricFamily(
             f"{PREFIX}_worker_claim_seconds",
-            "Time per claim round (one claim_many, or two with a priority floor).",
+            "Time per round trip that claimed (settling what finished, in the same write).",
             labels=["queue"],
         )
         if with_samples:

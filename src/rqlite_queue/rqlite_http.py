@@ -1,30 +1,48 @@
-"""rqlite's HTTP API without I/O: the request for a `Batch`, and the reading of the reply.
+"""rqlite's HTTP API without I/O: the request for a `Batch`, the reading of the reply, and the
+whole retry policy of one request (which node, how long to wait, when to give up, what a
+failure means), as a generator that the sync and async clients drive.
 
 Writes go to `/db/request?transaction`: one Raft entry, one SQLite transaction on every node,
-and the `SELECT`s inside it come back as rows. Reads go to `/db/query?level=linearizable`.
-Followers forward both to the leader (rqlite v8 does not redirect unless asked)."""
+and the `SELECT`s inside it come back as rows. Fresh reads go to `/db/query?level=linearizable`;
+node-local reads to `/db/query?level=none`. Followers forward both to the leader (rqlite v8 does
+not redirect unless asked)."""
 
 from __future__ import annotations
 
 import json
+import random
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Generator, Mapping
+from dataclasses import dataclass, field
+from email.utils import parsedate_to_datetime
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from .errors import AuthError, BackendError, InvalidArgument, NoLeader, Unavailable
+from .errors import (
+    AuthError,
+    BackendError,
+    InvalidArgument,
+    NoLeader,
+    OutcomeUnknown,
+    Unavailable,
+)
 from .sql import Batch, Result
 
 # A top-level error that proves the request was not applied: safe to send elsewhere.
 _NOT_APPLIED = ("not leader", "leader not found")
+FIRST_BACKOFF = 0.05
+MAX_BACKOFF = 1.0
+MIN_ATTEMPT = 0.01
+"""No request is started with less time than this left before the deadline."""
 
 
 @dataclass(frozen=True, slots=True)
 class HttpRequest:
     path: str
-    params: Mapping[str, str]
-    body: list[list[Any]]
+    """With its query string."""
+    body: bytes
+    statements: int
 
 
 def request_for(batch: Batch) -> HttpRequest:
@@ -35,21 +53,24 @@ def request_for(batch: Batch) -> HttpRequest:
         else:
             body.append([statement.sql, *statement.params])
     if batch.write:
-        return HttpRequest("/db/request", {"transaction": ""}, body)
-    return HttpRequest("/db/query", {"level": "linearizable"}, body)
+        path = "/db/request?transaction"
+    else:
+        path = "/db/query?level=" + ("weak" if batch.local else "linearizable")
+    encoded = json.dumps(body, separators=(",", ":")).encode("utf-8")
+    return HttpRequest(path, encoded, len(body))
 
 
 def parse_reply(status: int, content: bytes, statements: int) -> list[Result]:
     """One `Result` per statement, or a typed error. An SQL error fails the whole batch (the
     transaction was rolled back). `NoLeader` means the request certainly was not applied, so
-    another node may take it; any other `Unavailable` leaves a write's outcome unknown."""
+    another node may take it; `OutcomeUnknown` that a write may or may not have applied."""
     if status in (401, 403):
         raise AuthError(f"rqlite refused the credentials (HTTP {status})")
     text = content.decode("utf-8", "replace").strip()
     if status == 503 or (status >= 500 and _mentions_not_applied(text)):
-        raise NoLeader(f"rqlite: {text or status}")
+        raise NoLeader(f"rqlite: {text[:200] or status}")
     if status >= 500:
-        raise Unavailable(f"rqlite answered HTTP {status}: {text[:200]}")
+        raise OutcomeUnknown(f"rqlite answered HTTP {status}: {text[:200]}")
     if status != 200:
         raise BackendError(f"rqlite answered HTTP {status}: {text[:200]}")
     try:
@@ -63,7 +84,7 @@ def parse_reply(status: int, content: bytes, statements: int) -> list[Result]:
         if _mentions_not_applied(error):
             raise NoLeader(f"rqlite: {error}")
         # e.g. "leadership lost while committing log": the write may or may not have happened.
-        raise Unavailable(f"rqlite: {error}")
+        raise OutcomeUnknown(f"rqlite: {error}")
     results = reply.get("results")
     if not isinstance(results, list) or not all(isinstance(r, dict) for r in results):
         raise BackendError(f"rqlite reply has the wrong shape: {text[:200]!r}")
@@ -84,58 +105,298 @@ def _result(raw: Mapping[str, Any]) -> Result:
     values = raw.get("values") or []
     if not isinstance(values, list):
         raise BackendError(f"rqlite result has the wrong shape: {raw!r}")
-    return Result(
-        rows=values,
-        rows_affected=int(raw.get("rows_affected", 0)),
-        last_insert_id=raw.get("last_insert_id"),
-    )
+    try:
+        return Result(
+            rows=values,
+            rows_affected=int(raw.get("rows_affected", 0)),
+            last_insert_id=raw.get("last_insert_id"),
+        )
+    except (TypeError, ValueError) as exc:
+        raise BackendError(f"rqlite result has the wrong shape: {raw!r}") from exc
+
+
+# ------------------------------------------------------------------- one request's retries
+#
+# The clients drive `exchange`: it yields `Send` (post the request to this node, with this
+# timeout) and `Sleep`, and is sent back what happened (`Reply`, `NotSent`, `NoReply`). It
+# returns the results, or raises the typed error the caller gets.
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    node: int
+    timeout: float
+
+
+@dataclass(frozen=True, slots=True)
+class Sleep:
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    status: int
+    content: bytes
+    date: str | None = None
+    """The `Date` header (the node's clock)."""
+    sent_at: float = 0.0
+    received_at: float = 0.0
+    """The client's wall clock around the request (for the clock-skew estimate)."""
+
+
+@dataclass(frozen=True, slots=True)
+class NotSent:
+    """The request never reached the node (cannot connect): certainly not applied."""
+
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class NoReply:
+    """The request was sent, and no reply came (timeout, connection dropped)."""
+
+    error: str
+
+
+Outcome = Reply | NotSent | NoReply
+Action = Send | Sleep
+
+
+@dataclass(slots=True)
+class NodeCursor:
+    """Which node a client sends to next: it stays on one node until a failure moves it on."""
+
+    count: int
+    current: int = 0
+
+    def advance(self) -> None:
+        self.current = (self.current + 1) % self.count
+
+
+def exchange(
+    request: HttpRequest,
+    *,
+    write: bool,
+    nodes: NodeCursor,
+    deadline: float,
+    timeout: float,
+    monotonic: Callable[[], float],
+    jitter: Callable[[], float],
+    on_reply: Callable[[Reply, int], None] | None = None,
+) -> Generator[Action, Outcome | None, list[Result]]:
+    """Send `request` until it is answered or `deadline` (a `monotonic` time) passes. A
+    failure that proves the request was not applied moves to the next node and tries again
+    after a backoff; a write whose outcome is unknown is not resent here (the transport knows
+    which writes are safe to resend) but raises `OutcomeUnknown`, after moving on to the next
+    node (the one that failed may be frozen). No request is given more time than is left."""
+    backoff = FIRST_BACKOFF
+    last: Unavailable | None = None
+    while True:
+        left = deadline - monotonic()
+        if left < MIN_ATTEMPT:
+            raise last or Unavailable("rqlite: the deadline passed before any request was sent")
+        node = nodes.current
+        outcome = yield Send(node, min(timeout, left))
+        failure: Unavailable
+        if isinstance(outcome, Reply):
+            if on_reply is not None:
+                on_reply(outcome, node)
+            try:
+                return parse_reply(outcome.status, outcome.content, request.statements)
+            except NoLeader as exc:
+                failure = exc
+            except OutcomeUnknown as exc:
+                if write:
+                    nodes.advance()
+                    raise
+                failure = exc
+        elif isinstance(outcome, NotSent):
+            failure = Unavailable(f"cannot reach rqlite node {node + 1}: {outcome.error}")
+        elif isinstance(outcome, NoReply):
+            if write:
+                nodes.advance()
+                raise OutcomeUnknown(f"rqlite node {node + 1}: no reply: {outcome.error}")
+            failure = Unavailable(f"rqlite node {node + 1}: no reply: {outcome.error}")
+        else:
+            raise TypeError(f"exchange was sent {outcome!r}")
+        last = failure
+        nodes.advance()
+        left = deadline - monotonic()
+        if left < MIN_ATTEMPT + backoff / 2:
+            raise failure
+        yield Sleep(min(backoff * (0.5 + jitter() / 2), left - MIN_ATTEMPT))
+        backoff = min(backoff * 2, MAX_BACKOFF)
+
+
+class ClientState:
+    """What the sync and async clients share: the nodes, which one is current, the clock-skew
+    estimate per node, the request count; and the `exchange` for a batch."""
+
+    def __init__(self, endpoints: Endpoints, *, timeout: float) -> None:
+        self.endpoints = endpoints
+        self.timeout = timeout
+        self.nodes = NodeCursor(len(endpoints.urls))
+        self.skew = [SkewEstimate() for _ in endpoints.urls]
+        self.requests = 0
+        """HTTP requests sent (for tests and metrics)."""
+
+    @property
+    def url(self) -> str:
+        """The node requests go to now."""
+        return self.endpoints.urls[self.nodes.current]
+
+    def steps(
+        self, batch: Batch, deadline: float
+    ) -> tuple[HttpRequest, Generator[Action, Outcome | None, list[Result]]]:
+        request = request_for(batch)
+        return request, exchange(
+            request,
+            write=batch.write,
+            nodes=self.nodes,
+            deadline=deadline,
+            timeout=self.timeout,
+            monotonic=time.monotonic,
+            jitter=random.random,
+            on_reply=self._on_reply,
+        )
+
+    def _on_reply(self, reply: Reply, node: int) -> None:
+        date = http_date(reply.date) if reply.date else None
+        if date is not None:
+            self.skew[node].add(date, reply.sent_at, reply.received_at)
+
+
+# --------------------------------------------------------------------------- clock skew
+
+
+@dataclass(slots=True)
+class SkewEstimate:
+    """How far a node's clock is from this client's, from the `Date` header of its replies (no
+    extra request). The header has whole seconds, so each reply only bounds the offset (node
+    minus client): the node stamped the reply between `sent_at` and `received_at`, at a time
+    whose whole seconds are the header's. Intersecting those bounds over replies narrows the
+    estimate to a fraction of a second once replies have crossed a few second boundaries."""
+
+    low: float = float("-inf")
+    high: float = float("inf")
+    samples: int = 0
+
+    def add(self, date: float, sent_at: float, received_at: float) -> None:
+        low, high = date - received_at, date + 1 - sent_at
+        if low > self.high or high < self.low:
+            # The clock moved (a step by NTP, say): start over from this reply.
+            self.low, self.high, self.samples = low, high, 0
+        self.low = max(self.low, low)
+        self.high = min(self.high, high)
+        self.samples += 1
+
+    @property
+    def offset(self) -> float:
+        """The best estimate of node clock minus client clock, in seconds."""
+        return (self.low + self.high) / 2
+
+    @property
+    def at_least(self) -> float:
+        """The smallest skew the replies prove, either way (0 if they allow none)."""
+        if self.low > 0:
+            return self.low
+        if self.high < 0:
+            return -self.high
+        return 0.0
+
+
+def http_date(value: str) -> float | None:
+    try:
+        return parsedate_to_datetime(value).timestamp()
+    except (TypeError, ValueError, IndexError):
+        return None
+
+
+# ------------------------------------------------------------------------------ URLs
 
 
 @dataclass(frozen=True, slots=True)
 class Endpoints:
     """The nodes of one rqlite cluster and the credentials, parsed from a URL like
-    `http://user:pass@h1:4001,h2:4001`."""
+    `http://user:pass@h1:4001,h2:4001`. The password never appears in its repr."""
 
     urls: tuple[str, ...]
-    auth: tuple[str, str] | None
+    auth: tuple[str, str] | None = field(default=None, repr=False)
+
+    def __repr__(self) -> str:
+        user = f", user={self.auth[0]!r}" if self.auth else ""
+        return f"Endpoints(urls={self.urls!r}{user})"
+
+
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
 
 
 def parse_endpoints(url: str, auth: tuple[str, str] | None = None) -> Endpoints:
     """`http://h1:4001,h2:4001` or `http://h1:4001,http://h2:4001` (each part may repeat the
-    scheme); credentials in the URL apply to every node, `auth` overrides them."""
-    if not isinstance(url, str) or "://" not in url:
-        raise InvalidArgument(f"not an rqlite URL: {url!r}")
-    scheme = url.split("://", 1)[0]
+    scheme). Credentials (`user:password@`, percent-encoded or not) apply to every node;
+    `auth` overrides them. No message raised here shows the password."""
+    if not isinstance(url, str):
+        raise InvalidArgument(f"an rqlite URL must be a string, got {type(url).__name__}")
+    segments = _segments(url)
+    schemes = {scheme for scheme, _ in segments}
+    if len(schemes) > 1:
+        raise InvalidArgument(f"mixed schemes ({', '.join(sorted(schemes))}) in rqlite URL")
+    scheme = schemes.pop()
     if scheme not in ("http", "https"):
         raise InvalidArgument(f"unknown URL scheme {scheme!r} (use http, https or sqlite)")
-    credentials = None
+    credentials: set[tuple[str, str]] = set()
     urls = []
-    for part in url.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        if "://" in part:
-            part_scheme, part = part.split("://", 1)
-            if part_scheme != scheme:
-                raise InvalidArgument(f"mixed schemes in rqlite URL: {url!r}")
-        host = part.split("/", 1)[0]
-        if "@" in host:
-            userinfo, host = host.rsplit("@", 1)
+    for _, rest in segments:
+        if "@" in rest:
+            userinfo, rest = rest.rsplit("@", 1)
             user, _, password = userinfo.partition(":")
-            credentials = (unquote(user), unquote(password))
-        try:
-            parsed = urlsplit(f"{scheme}://{host}")
-            parsed.port  # noqa: B018 - raises on a bad port
-        except ValueError as exc:
-            raise InvalidArgument(f"bad host in rqlite URL: {host!r}: {exc}") from exc
-        if not parsed.hostname:
-            raise InvalidArgument(f"bad host in rqlite URL: {host!r}")
-        urls.append(f"{scheme}://{host}")
+            credentials.add((unquote(user), unquote(password)))
+        for part in rest.split(","):
+            host = part.strip().split("/", 1)[0]
+            if host:
+                urls.append(f"{scheme}://{_check_host(scheme, host)}")
+    if len(credentials) > 1:
+        raise InvalidArgument("the rqlite URL gives different credentials for different nodes")
     if not urls:
-        raise InvalidArgument(f"no host in rqlite URL: {url!r}")
-    return Endpoints(tuple(urls), auth if auth is not None else credentials)
+        raise InvalidArgument(f"no host in rqlite URL {redact(url)!r}")
+    found = credentials.pop() if credentials else None
+    return Endpoints(tuple(urls), auth if auth is not None else found)
+
+
+def _segments(url: str) -> list[tuple[str, str]]:
+    """[(scheme, the text up to the next scheme)], for a URL that starts with a scheme."""
+    starts = list(_SCHEME.finditer(url))
+    if not starts or url[: starts[0].start()].strip():
+        raise InvalidArgument(f"not an rqlite URL: {redact(url)!r}")
+    ends = [m.start() for m in starts[1:]] + [len(url)]
+    return [(m.group(1).lower(), url[m.end() : end]) for m, end in zip(starts, ends, strict=True)]
+
+
+def _check_host(scheme: str, host: str) -> str:
+    try:
+        parsed = urlsplit(f"{scheme}://{host}")
+        parsed.port  # noqa: B018 - raises on a bad port
+    except ValueError as exc:
+        raise InvalidArgument(f"bad host in rqlite URL: {host!r}: {exc}") from None
+    if not parsed.hostname:
+        raise InvalidArgument(f"bad host in rqlite URL: {host!r}")
+    return host
 
 
 def redact(url: str) -> str:
-    """The URL without its password, for messages and logs."""
-    return re.sub(r"(://[^:/@,]*):[^@/]*@", r"\1:***@", url)
+    """The URL without its credentials, for messages and logs: whatever stands between a
+    scheme's `://` and the last `@` before the next scheme is replaced."""
+    try:
+        starts = list(_SCHEME.finditer(url))
+    except TypeError:
+        return "<not a string>"
+    if not starts:
+        return "***@" + url.rsplit("@", 1)[1] if "@" in url else url
+    out = [url[: starts[0].start()]]
+    ends = [m.start() for m in starts[1:]] + [len(url)]
+    for m, end in zip(starts, ends, strict=True):
+        rest = url[m.end() : end]
+        if "@" in rest:
+            rest = "***@" + rest.rsplit("@", 1)[1]
+        out.append(url[m.start() : m.end()] + rest)
+    return "".join(out)

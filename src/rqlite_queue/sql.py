@@ -2,12 +2,15 @@
 
 Nothing here does I/O. An operation is a `Batch` (statements sent in one round trip, in one
 transaction) built by a function below; the backend runs it and hands back one `Result` per
-statement; a `read_*` function below turns those into values. The same text runs on the
-embedded SQLite and on rqlite (which replicates the SQL text and re-executes it on every
-node), so:
+statement; the reader next to the builder turns the results it names (`Batch.slots`) into
+values. The same text runs on the embedded SQLite and on rqlite (which replicates the SQL text
+and re-executes it on every node), so:
 
 - times and tokens are parameters from the client, never `julianday('now')` or `random()`;
-- group ids and payloads are always bound parameters;
+- group ids and payloads are always bound parameters; a batch of many items binds them as one
+  JSON array read with `json_each`, so a batch costs a fixed number of statements whatever its
+  size, and every statement's text stays short (rqlite gzips a request when one statement is
+  1 KiB or longer, or when it has 50 statements);
 - rows come back from plain `SELECT`s placed inside the write transaction (rqlite's
   `/db/request` runs them as queries within the transaction), not from `RETURNING`, which rqlite
   only honours when its own SQL parser accepts the statement and silently drops otherwise;
@@ -16,32 +19,34 @@ node), so:
 
 Tables, per queue (`rq_<queue>_` prefix):
 
-- `meta`: key/value integers: the schema version, and `turn`, the claim counter.
+- `meta`: key/value integers: `schema_version`; `turn`, the claim counter; `mark`, the last
+  seq given before the publish under way (so the publish finds its own rows by a key range).
 - `messages`: one row per queued message; `seq` is the FIFO order and the lease's handle.
-- `groups`: one row per group that has messages. It carries the group's whole in-flight state,
-  so that claim never has to look at the messages of groups it does not take:
-  `ready` (1: claimable; 0: leased or parked until `until`), `token` and `head` (the lease
-  that holds, or last held, the group, and the seq it was given: the fencing check),
-  `attempts` (claims of the current head),
-  `turn` (the claim counter at its last claim; 0 = never claimed: the round-robin key).
+- `groups`: one row per group. It carries the group's whole state, so that claim never looks at
+  the messages of groups it does not take. `ready`: 1 claimable; 0 busy until `until` (leased,
+  or parked when `parked` = 1); 2 empty (its messages are all gone; the row is kept until
+  `until` so a group refilled soon after rejoins the round robin where it left it, instead of
+  going first as a never-claimed group would). `held` = 1: an operator's (or a dead letter's)
+  hold: never claimed until released, whatever `ready` says. `token` and `head`: the lease that
+  holds, or last held, the group, and the seq it was given (the fencing check); `attempts`:
+  claims of the current head; `turn`: the claim counter at its last claim (0 = never claimed:
+  the round-robin key).
 - `dead`: dead-lettered messages.
 - `dedup`: publish ids seen within the dedup window.
-- `retired`: the last turn of groups that emptied within `RETIRE_WINDOW`.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 RETIRE_WINDOW = 300.0
 MAX_PRIORITY = 4
 QUEUE_NAME = re.compile(r"[a-z0-9_]{1,40}")
-# SQLite's default limit on bound variables is 32766; stay well under it per statement.
-_ROWS_PER_INSERT = 300
 
 Params = Mapping[str, Any] | Sequence[Any]
 
@@ -55,11 +60,16 @@ class Statement:
 @dataclass(frozen=True, slots=True)
 class Batch:
     """Statements sent together. `write=True`: one transaction through the leader (rqlite
-    `/db/request?transaction`, SQLite `BEGIN IMMEDIATE`); `write=False`: a fresh read
-    (rqlite `/db/query?level=linearizable`)."""
+    `/db/request?transaction`, SQLite `BEGIN IMMEDIATE`); `write=False`: a fresh read (rqlite
+    `/db/query?level=linearizable`), or with `local=True` whatever the node asked has (rqlite
+    `level=none`: no round trip to the leader, possibly a little behind).
+
+    `slots` names the statements whose results a reader uses."""
 
     statements: tuple[Statement, ...]
     write: bool = True
+    local: bool = False
+    slots: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,109 +82,241 @@ class Result:
 
 
 @dataclass(frozen=True, slots=True)
+class Reply:
+    """A batch's results, read by slot name."""
+
+    batch: Batch
+    results: Sequence[Result]
+
+    def __getitem__(self, slot: str) -> Result:
+        return self.results[self.batch.slots[slot]]
+
+    def __contains__(self, slot: str) -> bool:
+        return slot in self.batch.slots
+
+
+class _Builder:
+    def __init__(self, *, write: bool = True, local: bool = False) -> None:
+        self.write = write
+        self.local = local
+        self.statements: list[Statement] = []
+        self.slots: dict[str, int] = {}
+
+    def add(self, sql: str, params: Params = (), *, slot: str | None = None) -> None:
+        if slot is not None:
+            self.slots[slot] = len(self.statements)
+        self.statements.append(Statement(sql, params))
+
+    def build(self) -> Batch:
+        return Batch(tuple(self.statements), self.write, self.local, dict(self.slots))
+
+
+@dataclass(frozen=True, slots=True)
 class Names:
     """The table and index names of one named queue."""
 
     queue: str
+    meta: str
+    messages: str
+    messages_by_group: str
+    groups: str
+    groups_ready: str
+    groups_ready_by_priority: str
+    groups_busy: str
+    groups_empty: str
+    dead: str
+    dedup: str
+    dedup_expiry: str
+    retired: str
+    """Schema v1 only (its job is done by the empty rows of `groups` since v2)."""
+
+    @classmethod
+    def of(cls, queue: str) -> Names:
+        p = f"rq_{queue}_"
+        return cls(
+            queue=queue,
+            meta=p + "meta",
+            messages=p + "messages",
+            messages_by_group=p + "messages_by_group",
+            groups=p + "groups",
+            groups_ready=p + "groups_ready",
+            groups_ready_by_priority=p + "groups_ready_by_priority",
+            groups_busy=p + "groups_busy",
+            groups_empty=p + "groups_empty",
+            dead=p + "dead",
+            dedup=p + "dedup",
+            dedup_expiry=p + "dedup_expiry",
+            retired=p + "retired",
+        )
 
     @property
-    def prefix(self) -> str:
-        return f"rq_{self.queue}_"
-
-    def __getattr__(self, item: str) -> str:
-        # meta, messages, groups, dead, dedup and index names: all the same prefix.
-        if item.startswith("_"):
-            raise AttributeError(item)
-        return self.prefix + item
+    def tables(self) -> tuple[str, ...]:
+        return (self.meta, self.messages, self.groups, self.dead, self.dedup)
 
 
-# --------------------------------------------------------------------------------- schema
+def _json(value: Any) -> str:
+    # ensure_ascii: the text is pure ASCII whatever the payloads hold (core has already refused
+    # text that is not valid Unicode), so no backend has to agree on an encoding.
+    return json.dumps(value, separators=(",", ":"))
 
 
-def schema(n: Names) -> Batch:
-    """Create the queue's tables if missing, then read the schema version back (last row)."""
-    ddl = f"""
-    CREATE TABLE IF NOT EXISTS {n.meta} (
-      key   TEXT PRIMARY KEY,
-      value INTEGER NOT NULL
-    );
-    CREATE TABLE IF NOT EXISTS {n.messages} (
-      seq          INTEGER PRIMARY KEY AUTOINCREMENT,
-      group_id     TEXT NOT NULL,
-      event        TEXT NOT NULL,
-      published_at REAL NOT NULL
-    );
-    -- A group's head is min(seq) for its group_id: one index probe.
-    CREATE INDEX IF NOT EXISTS {n.messages_by_group} ON {n.messages} (group_id, seq);
-    CREATE TABLE IF NOT EXISTS {n.groups} (
-      group_id TEXT PRIMARY KEY,
-      priority INTEGER NOT NULL,
-      turn     INTEGER NOT NULL DEFAULT 0,
-      ready    INTEGER NOT NULL DEFAULT 1,
-      until    REAL    NOT NULL DEFAULT 0,
-      parked   INTEGER NOT NULL DEFAULT 0,
-      attempts INTEGER NOT NULL DEFAULT 0,
-      token    TEXT,
-      head     INTEGER
-    );
-    -- Claim: the claimable groups, least recently claimed first (ties: the rowid, i.e.
-    -- creation order); all of them (no priority floor), or those of one priority (one probe
-    -- per level >= min_priority). Two small indexes rather than one statement long enough
-    -- (>= 1 KiB) for rqlite to gzip every claim on every node.
-    CREATE INDEX IF NOT EXISTS {n.groups_ready} ON {n.groups} (turn) WHERE ready = 1;
-    CREATE INDEX IF NOT EXISTS {n.groups_ready_by_priority} ON {n.groups} (priority, turn)
-      WHERE ready = 1;
-    -- Claim: leases and parks whose deadline passed; and the groups a claim just took.
-    CREATE INDEX IF NOT EXISTS {n.groups_busy} ON {n.groups} (until) WHERE ready = 0;
-    CREATE TABLE IF NOT EXISTS {n.dead} (
-      seq          INTEGER PRIMARY KEY,
-      group_id     TEXT NOT NULL,
-      event        TEXT NOT NULL,
-      priority     INTEGER NOT NULL,
-      attempts     INTEGER NOT NULL,
-      reason       TEXT NOT NULL,
-      published_at REAL NOT NULL,
-      dead_at      REAL NOT NULL
-    );
-    -- The turn of groups that emptied lately: a group id published again soon after joins the
-    -- round robin where it left it, not as a never-claimed group (which would go first and
-    -- let a group that is refilled after each ack starve the others).
-    CREATE TABLE IF NOT EXISTS {n.retired} (
-      group_id   TEXT PRIMARY KEY,
-      turn       INTEGER NOT NULL,
-      expires_at REAL NOT NULL
-    );
-    CREATE INDEX IF NOT EXISTS {n.retired_expiry} ON {n.retired} (expires_at);
-    CREATE TABLE IF NOT EXISTS {n.dedup} (
-      dedup_id   TEXT PRIMARY KEY,
-      seq        INTEGER NOT NULL,
-      expires_at REAL NOT NULL
-    );
-    -- Pruning expired publish ids touches only those.
-    CREATE INDEX IF NOT EXISTS {n.dedup_expiry} ON {n.dedup} (expires_at);
-    """
-    statements = [Statement(s.strip()) for s in _split(ddl)]
-    statements += [
-        Statement(
-            f"INSERT OR IGNORE INTO {n.meta} (key, value) VALUES ('schema_version', :v)",
-            {"v": SCHEMA_VERSION},
-        ),
-        Statement(f"INSERT OR IGNORE INTO {n.meta} (key, value) VALUES ('turn', 0)"),
-        Statement(f"SELECT value FROM {n.meta} WHERE key = 'schema_version'"),
-    ]
-    return Batch(tuple(statements))
+def _item(field_no: int, alias: str = "j") -> str:
+    return f"json_extract({alias}.value, '$[{field_no}]')"
 
 
-def read_schema_version(results: Sequence[Result]) -> int:
-    rows = results[-1].rows
+# A text parameter bound as JSON: rqlite turns a string parameter shaped like an SQL hex
+# literal (x'00ff') into a BLOB (its http/request_parser.go), but never looks inside a JSON
+# text, so every group id travels as JSON and comes back as the same text.
+_TEXT = "json_extract(:{name}, '$')"
+
+
+# ---------------------------------------------------------------------------------- schema
+#
+# `setup` runs `bootstrap` (creates `meta` if missing and reads the version: 0 for a new
+# database), then, if the version is older than this code's, `create` (version 0) or `migrate`
+# (1 .. SCHEMA_VERSION - 1): one write transaction that first checks the version is still the
+# one it read, so of several clients racing, exactly one upgrades and the others' batches fail
+# and roll back; they read the version again and find it current.
+
+
+def bootstrap(n: Names) -> Batch:
+    b = _Builder()
+    b.add(f"CREATE TABLE IF NOT EXISTS {n.meta} (key TEXT PRIMARY KEY, value INTEGER NOT NULL)")
+    b.add(f"INSERT OR IGNORE INTO {n.meta} (key, value) VALUES ('schema_version', 0)")
+    b.add(f"SELECT value FROM {n.meta} WHERE key = 'schema_version'", slot="version")
+    return b.build()
+
+
+def read_version(reply: Reply) -> int:
+    rows = reply["version"].rows
     if not rows:
         raise ValueError("schema version missing")
     return int(rows[0][0])
 
 
+def _still_at(b: _Builder, n: Names, version: int) -> None:
+    """Fails the transaction (a duplicate key) unless the stored version is `version`."""
+    b.add(
+        f"INSERT INTO {n.meta} (key, value) SELECT 'schema_version', 0 WHERE NOT EXISTS "
+        f"(SELECT 1 FROM {n.meta} WHERE key = 'schema_version' AND value = :v)",
+        {"v": version},
+    )
+
+
+def _set_version(b: _Builder, n: Names, version: int) -> None:
+    b.add(
+        f"UPDATE {n.meta} SET value = :v WHERE key = 'schema_version'",
+        {"v": version},
+        slot="upgraded",
+    )
+
+
+def create(n: Names) -> Batch:
+    """The tables of a new queue, at this code's version."""
+    b = _Builder()
+    _still_at(b, n, 0)
+    for statement in _split(
+        f"""
+        CREATE TABLE {n.messages} (
+          seq          INTEGER PRIMARY KEY AUTOINCREMENT,
+          group_id     TEXT NOT NULL,
+          event        TEXT NOT NULL,
+          published_at REAL NOT NULL,
+          dedup_id     TEXT
+        );
+        -- A group's head is min(seq) for its group_id: one index probe.
+        CREATE INDEX {n.messages_by_group} ON {n.messages} (group_id, seq);
+        CREATE TABLE {n.groups} (
+          group_id TEXT PRIMARY KEY,
+          priority INTEGER NOT NULL,
+          turn     INTEGER NOT NULL DEFAULT 0,
+          ready    INTEGER NOT NULL DEFAULT 1,
+          until    REAL    NOT NULL DEFAULT 0,
+          parked   INTEGER NOT NULL DEFAULT 0,
+          attempts INTEGER NOT NULL DEFAULT 0,
+          token    TEXT,
+          head     INTEGER,
+          held     INTEGER NOT NULL DEFAULT 0
+        );
+        CREATE TABLE {n.dead} (
+          seq          INTEGER PRIMARY KEY,
+          group_id     TEXT NOT NULL,
+          event        TEXT NOT NULL,
+          priority     INTEGER NOT NULL,
+          attempts     INTEGER NOT NULL,
+          reason       TEXT NOT NULL,
+          published_at REAL NOT NULL,
+          dead_at      REAL NOT NULL
+        );
+        CREATE TABLE {n.dedup} (
+          dedup_id   TEXT PRIMARY KEY,
+          seq        INTEGER NOT NULL,
+          expires_at REAL NOT NULL
+        );
+        -- Pruning expired publish ids touches only those.
+        CREATE INDEX {n.dedup_expiry} ON {n.dedup} (expires_at)
+        """
+    ):
+        b.add(statement)
+    for statement in _groups_indexes(n):
+        b.add(statement)
+    b.add(f"INSERT OR IGNORE INTO {n.meta} (key, value) VALUES ('turn', 0), ('mark', 0)")
+    _set_version(b, n, SCHEMA_VERSION)
+    return b.build()
+
+
+def _groups_indexes(n: Names) -> list[str]:
+    return [
+        # Claim: the claimable groups, least recently claimed first (ties: the rowid, i.e.
+        # creation order); all of them (no priority floor), or those of one priority (one
+        # probe per level >= min_priority). Two small indexes rather than one statement long
+        # enough (>= 1 KiB) for rqlite to gzip every claim on every node.
+        f"CREATE INDEX {n.groups_ready} ON {n.groups} (turn) WHERE ready = 1 AND held = 0",
+        f"CREATE INDEX {n.groups_ready_by_priority} ON {n.groups} (priority, turn) "
+        f"WHERE ready = 1 AND held = 0",
+        # Claim: leases and parks whose deadline passed; and the groups a claim just took.
+        f"CREATE INDEX {n.groups_busy} ON {n.groups} (until) WHERE ready = 0",
+        # Pruning the rows of groups that emptied more than RETIRE_WINDOW ago.
+        f"CREATE INDEX {n.groups_empty} ON {n.groups} (until) WHERE ready = 2",
+    ]
+
+
+def _to_v2(b: _Builder, n: Names) -> None:
+    """v1 -> v2: the `retired` table becomes empty rows of `groups`; `held` (operators' holds);
+    `dedup_id` on messages and the `mark` (a publish of many deduplicated messages in a fixed
+    number of statements)."""
+    b.add(f"ALTER TABLE {n.messages} ADD COLUMN dedup_id TEXT")
+    b.add(f"ALTER TABLE {n.groups} ADD COLUMN held INTEGER NOT NULL DEFAULT 0")
+    b.add(
+        f"INSERT OR IGNORE INTO {n.groups} (group_id, priority, turn, ready, until) "
+        f"SELECT group_id, 0, turn, 2, expires_at FROM {n.retired}"
+    )
+    b.add(f"DROP TABLE {n.retired}")
+    b.add(f"DROP INDEX {n.groups_ready}")
+    b.add(f"DROP INDEX {n.groups_ready_by_priority}")
+    b.add(f"DROP INDEX {n.groups_busy}")
+    for statement in _groups_indexes(n):
+        b.add(statement)
+    b.add(f"INSERT OR IGNORE INTO {n.meta} (key, value) VALUES ('mark', 0)")
+
+
+# Each step takes a database from the version before it to its own.
+MIGRATIONS = {2: _to_v2}
+
+
+def migrate(n: Names, version: int) -> Batch:
+    """Upgrade from `version` to this code's, in one transaction."""
+    b = _Builder()
+    _still_at(b, n, version)
+    for step in range(version + 1, SCHEMA_VERSION + 1):
+        MIGRATIONS[step](b, n)
+    _set_version(b, n, SCHEMA_VERSION)
+    return b.build()
+
+
 def _split(ddl: str) -> list[str]:
     lines = [line for line in ddl.splitlines() if not line.strip().startswith("--")]
-    return [s for s in "\n".join(lines).split(";") if s.strip()]
+    return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]
 
 
 # -------------------------------------------------------------------------------- publish
@@ -188,119 +330,122 @@ class NewMessage:
     dedup_id: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class PublishBatch:
-    batch: Batch
-    seq_sources: tuple[tuple[int, int], ...]
-    """Where each message's seq comes from, in publish order: (statement index, rows), with
-    rows > 0 for a multi-row INSERT and rows == 0 for a `SELECT seq` read-back."""
-
-
 def publish(
-    n: Names, messages: Sequence[NewMessage], now: float, dedup_until: float
-) -> PublishBatch:
-    """Append messages in order; a group's priority is set by the publish that creates its
-    row and kept while it has messages. With a dedup id, a message is inserted only if the id
-    was not seen within the window, and its seq (new or earlier) is read back."""
-    statements: list[Statement] = []
-    sources: list[tuple[int, int]] = []
-    if any(m.dedup_id is not None for m in messages):
-        # Prune as we go: uses the expiry index, touches only expired ids.
-        statements.append(Statement(f"DELETE FROM {n.dedup} WHERE expires_at < :now", {"now": now}))
+    n: Names,
+    messages: Sequence[NewMessage],
+    *,
+    now: float,
+    dedup_until: float,
+    prune_before: float | None,
+) -> Batch:
+    """Append messages in order, in a fixed number of statements. A group's priority is set by
+    the publish that creates (or refills) its row and kept while it has messages. A message
+    with a dedup id is inserted only if the id is not remembered, unexpired at `now`; the
+    seqs of deduplicated messages (new or earlier) are read back. `messages` must not repeat a
+    dedup id (the core folds repeats). `prune_before`: first forget dedup ids that expired
+    before it."""
+    deduplicated = any(m.dedup_id is not None for m in messages)
+    items = _json([[m.group_id, m.event, m.priority, m.dedup_id] for m in messages])
+    b = _Builder()
+    if prune_before is not None:
+        b.add(f"DELETE FROM {n.dedup} WHERE expires_at < :t", {"t": prune_before})
+    if deduplicated:
+        # Rows inserted below have seqs above the last one ever given (AUTOINCREMENT).
+        b.add(
+            f"UPDATE {n.meta} SET value = coalesce((SELECT seq FROM sqlite_sequence "
+            f"WHERE name = '{n.messages}'), 0) WHERE key = 'mark'"
+        )
+    unseen = (
+        f" WHERE {_item(3)} IS NULL OR NOT EXISTS (SELECT 1 FROM {n.dedup} "
+        f"WHERE dedup_id = {_item(3)} AND expires_at >= :now)"
+        if deduplicated
+        else ""
+    )
+    b.add(
+        f"INSERT INTO {n.messages} (group_id, event, published_at, dedup_id) "
+        f"SELECT {_item(0)}, {_item(1)}, :now, {_item(3)} FROM json_each(:items) j"
+        f"{unseen} ORDER BY j.key",
+        {"items": items, "now": now},
+        slot="inserted",
+    )
+    _forget_expired(b, n, f"SELECT {_item(0)} FROM json_each(:items) j", {"items": items}, now)
+    if deduplicated:
+        b.add(
+            f"INSERT OR REPLACE INTO {n.dedup} (dedup_id, seq, expires_at) "
+            f"SELECT dedup_id, seq, :until FROM {n.messages} WHERE seq > "
+            f"(SELECT value FROM {n.meta} WHERE key = 'mark') AND dedup_id IS NOT NULL",
+            {"until": dedup_until},
+        )
+    # Only the items inserted now create or refill their group's row (a duplicate must not
+    # bring back a group that has since emptied, nor set a priority).
+    inserted_now = (
+        f"{_item(3)} IS NULL OR (SELECT seq FROM {n.dedup} WHERE dedup_id = {_item(3)}) > "
+        f"(SELECT value FROM {n.meta} WHERE key = 'mark')"
+        if deduplicated
+        else "true"
+    )
+    b.add(
+        _UPSERT_GROUP.format(
+            n=n,
+            rows=f"{_item(0)}, {_item(2)} FROM json_each(:items) j WHERE {inserted_now} "
+            f"ORDER BY j.key",
+        ),
+        {"items": items},
+    )
+    if deduplicated:
+        ids = _json([m.dedup_id for m in messages if m.dedup_id is not None])
+        b.add(
+            f"SELECT d.dedup_id, d.seq FROM json_each(:ids) j "
+            f"JOIN {n.dedup} d ON d.dedup_id = j.value",
+            {"ids": ids},
+            slot="dedup",
+        )
+    return b.build()
 
-    def flush(run: list[NewMessage]) -> None:
-        for start in range(0, len(run), _ROWS_PER_INSERT):
-            chunk = run[start : start + _ROWS_PER_INSERT]
-            sources.append((len(statements), len(chunk)))
-            statements.extend(_insert_plain(n, chunk, now))
-        run.clear()
 
-    run: list[NewMessage] = []
-    for message in messages:
-        if message.dedup_id is None:
-            run.append(message)
-            continue
-        flush(run)
-        statements.extend(_insert_deduplicated(n, message, now, dedup_until))
-        sources.append((len(statements) - 1, 0))
-    flush(run)
-    return PublishBatch(Batch(tuple(statements)), tuple(sources))
+def _forget_expired(b: _Builder, n: Names, groups: str, params: dict[str, Any], now: float) -> None:
+    """Drop the rows of these groups that emptied more than RETIRE_WINDOW ago (and are not
+    held), so that such a group starts afresh: never claimed, last in creation order (the
+    pruning of the others is left to chance, which must not decide where a group goes)."""
+    b.add(
+        f"DELETE FROM {n.groups} WHERE group_id IN ({groups}) AND ready = 2 AND held = 0 "
+        f"AND until < :now",
+        {**params, "now": now},
+    )
 
 
-# A new group row's turn: where the group left the round robin if it emptied lately, else 0
-# (never claimed).
-_RETIRED_TURN = (
-    "coalesce((SELECT turn FROM {n.retired} WHERE group_id = {g} AND expires_at >= {now}), 0)"
+# A group's row, created (turn 0: never claimed) or brought back from empty (its turn and place
+# kept), at the priority of the publish that does it; a row with messages keeps its priority.
+_UPSERT_GROUP = (
+    "INSERT INTO {n.groups} (group_id, priority) SELECT {rows} "
+    "ON CONFLICT (group_id) DO UPDATE SET ready = 1, until = 0, priority = excluded.priority "
+    "WHERE ready = 2"
 )
 
 
-def _insert_plain(n: Names, chunk: Sequence[NewMessage], now: float) -> list[Statement]:
-    # A non-empty chunk of at most _ROWS_PER_INSERT messages.
-    out: list[Statement] = []
-    values = ", ".join("(?, ?, ?)" for _ in chunk)
-    params: list[Any] = []
-    for m in chunk:
-        params += [m.group_id, m.event, now]
-    out.append(
-        Statement(
-            f"INSERT INTO {n.messages} (group_id, event, published_at) VALUES {values}",
-            params,
-        )
-    )
-    group_values = ", ".join(f"(?, ?, {_RETIRED_TURN.format(n=n, g='?', now='?')})" for _ in chunk)
-    group_params: list[Any] = []
-    for m in chunk:
-        group_params += [m.group_id, m.priority, m.group_id, now]
-    # First row for a group wins: that publish fixes the group's priority.
-    out.append(
-        Statement(
-            f"INSERT OR IGNORE INTO {n.groups} (group_id, priority, turn) VALUES {group_values}",
-            group_params,
-        )
-    )
-    return out
-
-
-def _insert_deduplicated(
-    n: Names, m: NewMessage, now: float, dedup_until: float
-) -> list[Statement]:
-    p = {"g": m.group_id, "e": m.event, "now": now, "d": m.dedup_id, "p": m.priority}
-    return [
-        Statement(
-            f"INSERT INTO {n.messages} (group_id, event, published_at) "
-            f"SELECT :g, :e, :now WHERE NOT EXISTS "
-            f"(SELECT 1 FROM {n.dedup} WHERE dedup_id = :d)",
-            p,
-        ),
-        # Records the seq just inserted; a repeated id keeps the first seq (IGNORE).
-        Statement(
-            f"INSERT OR IGNORE INTO {n.dedup} (dedup_id, seq, expires_at) "
-            f"VALUES (:d, last_insert_rowid(), :until)",
-            {"d": m.dedup_id, "until": dedup_until},
-        ),
-        # A duplicate must not recreate the row of a group that has since emptied.
-        Statement(
-            f"INSERT OR IGNORE INTO {n.groups} (group_id, priority, turn) "
-            f"SELECT :g, :p, {_RETIRED_TURN.format(n=n, g=':g', now=':now')} "
-            f"WHERE EXISTS (SELECT 1 FROM {n.messages} WHERE group_id = :g)",
-            {"g": m.group_id, "p": m.priority, "now": now},
-        ),
-        Statement(f"SELECT seq FROM {n.dedup} WHERE dedup_id = :d", {"d": m.dedup_id}),
-    ]
-
-
-def read_published_seqs(plan: PublishBatch, results: Sequence[Result]) -> list[int]:
+def read_published(reply: Reply, messages: Sequence[NewMessage]) -> list[int]:
     """The seq of each published message, in order (for a deduplicated one, the seq of the
     message its id first published)."""
-    seqs: list[int] = []
-    for index, rows in plan.seq_sources:
-        result = results[index]
-        if rows:
+    inserted = reply["inserted"]
+    count = inserted.rows_affected
+    next_seq = (_require_int(inserted.last_insert_id) - count + 1) if count else 0
+    first_new = next_seq
+    known = {str(r[0]): int(r[1]) for r in reply["dedup"].rows} if "dedup" in reply else {}
+    seqs = []
+    for m in messages:
+        if m.dedup_id is None or known.get(m.dedup_id, -1) >= first_new > 0:
             # A multi-row INSERT numbers its rows consecutively (AUTOINCREMENT, one writer).
-            last = _require_int(result.last_insert_id)
-            seqs += range(last - rows + 1, last + 1)
+            seq = next_seq
+            next_seq += 1
+            if m.dedup_id is not None and known[m.dedup_id] != seq:
+                raise ValueError(f"dedup id {m.dedup_id!r}: seq {known[m.dedup_id]} != {seq}")
+        elif m.dedup_id in known:
+            seq = known[m.dedup_id]
         else:
-            seqs.append(int(result.rows[0][0]))
+            raise ValueError(f"dedup id {m.dedup_id!r} was neither inserted nor known")
+        seqs.append(seq)
+    if next_seq - first_new != count:
+        raise ValueError(f"{count} rows inserted, {next_seq - first_new} accounted for")
     return seqs
 
 
@@ -310,63 +455,191 @@ def _require_int(value: int | None) -> int:
     return value
 
 
-# ---------------------------------------------------------------------------------- claim
+# ------------------------------------------------------------------ settle, then claim
+#
+# A worker's round trip: settle the leases it is done with (ack, nack, park, extend, dead
+# letter) and claim new ones, in one transaction: one Raft entry however many leases. Every
+# settlement names its lease as (group, token, seq), and acts only if that lease still holds
+# its group (the fencing check), so a stale lease, or a hand-made one naming another message,
+# changes nothing.
 
 
-def claim(
-    n: Names, *, token: str, now: float, until: float, count: int, min_priority: int
+@dataclass(frozen=True, slots=True)
+class Held:
+    """What identifies a lease on the server: its group, its message and its token."""
+
+    seq: int
+    group_id: str
+    token: str
+
+    def key(self) -> list[Any]:
+        return [self.group_id, self.token, self.seq]
+
+
+@dataclass(frozen=True, slots=True)
+class Settle:
+    """What to do with leases, all in one transaction.
+
+    `finish`: acked or dead-lettered (the message goes; `dead` ones are copied to the dead
+    letters first, with their reason); `hold` (per finished lease): the group is held after.
+    `give_back`: nacked (`until` 0: claimable now; > 0: parked until then). `extend`: the lease
+    now lapses at `extend_until`."""
+
+    finish: Sequence[Held] = ()
+    dead: Mapping[int, str] = field(default_factory=dict)
+    """seq -> reason, for the finished leases that are dead-lettered."""
+    hold: frozenset[int] = frozenset()
+    """seqs of finished leases whose group is held afterwards."""
+    give_back: Sequence[tuple[Held, float]] = ()
+    extend: Sequence[Held] = ()
+    extend_until: float = 0.0
+
+    @property
+    def count(self) -> int:
+        return len(self.finish) + len(self.give_back) + len(self.extend)
+
+    def all(self) -> list[Held]:
+        return [*self.finish, *(h for h, _ in self.give_back), *self.extend]
+
+
+def _holds(alias: str = "j", groups: str = "g") -> str:
+    return (
+        f"{groups}.group_id = {_item(0, alias)} AND {groups}.token = {_item(1, alias)} "
+        f"AND {groups}.head = {_item(2, alias)}"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    token: str
+    until: float
+    count: int
+    min_priority: int = 0
+
+
+def round_trip(
+    n: Names,
+    *,
+    now: float,
+    settle: Settle = Settle(),
+    claim: Claim | None = None,
+    prune: bool = False,
 ) -> Batch:
-    """Lease the heads of up to `count` groups: the claimable ones with priority >=
-    `min_priority` that were claimed least recently (never-claimed first, then creation order).
+    """Settle, then claim (either may be empty). With `prune`, also forget the rows of groups
+    that emptied more than RETIRE_WINDOW ago (the caller prunes on a fraction of its calls)."""
+    b = _Builder()
+    _settle(b, n, settle, now)
+    if prune:
+        b.add(
+            f"DELETE FROM {n.groups} WHERE ready = 2 AND until < :now AND held = 0",
+            {"now": now},
+        )
+    if claim is not None:
+        _claim(b, n, claim, now)
+    return b.build()
 
-    Safe to retry with the same token and `until`: a retry that finds the groups this token
-    already took returns them instead of taking more."""
-    mine = {"until": until, "token": token}
-    if min_priority == 0:
+
+def _settle(b: _Builder, n: Names, s: Settle, now: float) -> None:
+    if s.count > 1:
+        # Which settlements do not hold (before any of them changes anything).
+        b.add(
+            f"SELECT j.key FROM json_each(:all) j WHERE NOT EXISTS "
+            f"(SELECT 1 FROM {n.groups} g WHERE {_holds()})",
+            {"all": _json([h.key() for h in s.all()])},
+            slot="lost",
+        )
+    if s.finish:
+        done = _json([[*h.key(), int(h.seq in s.hold)] for h in s.finish])
+        if s.dead:
+            dead = _json([[*h.key(), s.dead[h.seq]] for h in s.finish if h.seq in s.dead])
+            b.add(
+                f"INSERT INTO {n.dead} (seq, group_id, event, priority, attempts, reason, "
+                f"published_at, dead_at) SELECT m.seq, m.group_id, m.event, g.priority, "
+                f"g.attempts, {_item(3)}, m.published_at, :now FROM json_each(:dead) j "
+                f"JOIN {n.groups} g ON {_holds()} JOIN {n.messages} m ON m.seq = g.head",
+                {"dead": dead, "now": now},
+            )
+        b.add(
+            f"DELETE FROM {n.messages} WHERE seq IN "
+            f"(SELECT g.head FROM json_each(:done) j JOIN {n.groups} g ON {_holds()})",
+            {"done": done},
+        )
+        # The group is free again, or empty (its row kept for RETIRE_WINDOW, see the top).
+        b.add(
+            f"UPDATE {n.groups} AS g SET ready = 2 - EXISTS (SELECT 1 FROM {n.messages} m "
+            f"WHERE m.group_id = g.group_id), until = :retire, parked = 0, attempts = 0, "
+            f"token = NULL, head = NULL, held = max(held, {_item(3)}) "
+            f"FROM json_each(:done) j WHERE {_holds()}",
+            {"done": done, "retire": now + RETIRE_WINDOW},
+            slot="finished",
+        )
+    if s.give_back or s.extend:
+        # [g, token, seq, until, parked, keep token]: nack now, park, or extend.
+        changes = [[*h.key(), until, int(until > 0), 0] for h, until in s.give_back]
+        changes += [[*h.key(), s.extend_until, 0, 1] for h in s.extend]
+        b.add(
+            f"UPDATE {n.groups} AS g SET ready = {_item(3)} <= 0, until = {_item(3)}, "
+            f"parked = {_item(4)}, token = CASE WHEN {_item(5)} THEN token END "
+            f"FROM json_each(:changes) j WHERE {_holds()}",
+            {"changes": _json(changes)},
+            slot="changed",
+        )
+
+
+def _claim(b: _Builder, n: Names, c: Claim, now: float) -> None:
+    """Lease the heads of up to `count` groups: the claimable ones with priority >=
+    `min_priority` that were claimed least recently (never-claimed first, then creation
+    order). Safe to resend with the same token and `until`: a resend that finds the groups
+    this token already took returns them instead of taking more."""
+    mine = {"until": c.until, "token": c.token}
+    if c.min_priority == 0:
         # Every claimable group, in round-robin order: one probe of the all-ready index.
-        pick = f"SELECT rowid FROM {n.groups} WHERE ready = 1 ORDER BY turn, rowid LIMIT :count"
+        pick = (
+            f"SELECT rowid FROM {n.groups} WHERE ready = 1 AND held = 0 "
+            f"ORDER BY turn, rowid LIMIT :count"
+        )
     else:
         # One probe of the per-priority index for each level >= the floor, each already in
         # round-robin order; the union of those few rows is then ordered.
         per_level = " UNION ALL ".join(
             f"SELECT * FROM (SELECT rowid r, turn t FROM {n.groups} "
-            f"WHERE ready = 1 AND priority = {level} ORDER BY t, r LIMIT :count)"
-            for level in range(MAX_PRIORITY, min_priority - 1, -1)
+            f"WHERE ready = 1 AND held = 0 AND priority = {level} ORDER BY t, r LIMIT :count)"
+            for level in range(MAX_PRIORITY, c.min_priority - 1, -1)
         )
         pick = f"SELECT r FROM ({per_level}) ORDER BY t, r LIMIT :count"
-    return Batch(
-        (
-            # Lapsed leases and ended parks rejoin the ready index (token kept: a lapsed
-            # lease that nobody takes over may still be acked).
-            Statement(
-                f"UPDATE {n.groups} SET ready = 1, parked = 0 WHERE ready = 0 AND until <= :now",
-                {"now": now},
-            ),
-            Statement(f"UPDATE {n.meta} SET value = value + 1 WHERE key = 'turn'"),
-            Statement(
-                f"UPDATE {n.groups} SET ready = 0, parked = 0, until = :until, token = :token, "
-                f"attempts = attempts + 1, "
-                f"head = (SELECT min(seq) FROM {n.messages} m "
-                f"WHERE m.group_id = {n.groups}.group_id), "
-                f"turn = (SELECT value FROM {n.meta} WHERE key = 'turn') "
-                f"WHERE rowid IN ({pick}) "
-                f"AND NOT EXISTS (SELECT 1 FROM {n.groups} "
-                f"WHERE ready = 0 AND until = :until AND token = :token)",
-                {**mine, "count": count},
-            ),
-            Statement(_HELD_HEADS.format(n=n), mine),
-        )
+    # Lapsed leases and ended parks rejoin the ready index (token kept: a lapsed lease that
+    # nobody takes over may still be acked).
+    b.add(
+        f"UPDATE {n.groups} SET ready = 1, parked = 0 WHERE ready = 0 AND until <= :now",
+        {"now": now},
+    )
+    b.add(f"UPDATE {n.meta} SET value = value + 1 WHERE key = 'turn'")
+    b.add(
+        f"UPDATE {n.groups} SET ready = 0, parked = 0, until = :until, token = :token, "
+        f"attempts = attempts + 1, head = (SELECT min(seq) FROM {n.messages} m "
+        f"WHERE m.group_id = {n.groups}.group_id), "
+        f"turn = (SELECT value FROM {n.meta} WHERE key = 'turn') "
+        f"WHERE rowid IN ({pick}) AND NOT EXISTS (SELECT 1 FROM {n.groups} "
+        f"WHERE ready = 0 AND until = :until AND token = :token)",
+        {**mine, "count": c.count},
+    )
+    # The heads of the groups this claim took (found through the busy index on `until`).
+    b.add(
+        f"SELECT m.seq, m.group_id, m.event, g.attempts, g.until "
+        f"FROM {n.groups} g JOIN {n.messages} m ON m.seq = g.head "
+        f"WHERE g.ready = 0 AND g.until = :until AND g.token = :token ORDER BY g.rowid",
+        mine,
+        slot="leased",
     )
 
 
-# The heads of the groups one claim took (found through the busy index on `until`).
-_HELD_HEADS = (
-    "SELECT m.seq, m.group_id, m.event, g.attempts, g.until "
-    "FROM {n.groups} g JOIN {n.messages} m "
-    "ON m.seq = g.head "
-    "WHERE g.ready = 0 AND g.until = :until AND g.token = :token "
-    "ORDER BY g.rowid"
-)
+def read_lost(reply: Reply, settle: Settle) -> list[Held]:
+    """The settlements whose lease no longer held (they changed nothing)."""
+    every = settle.all()
+    if "lost" in reply:
+        return [every[int(row[0])] for row in reply["lost"].rows]
+    applied = sum(reply[s].rows_affected for s in ("finished", "changed") if s in reply)
+    return [] if applied == len(every) else every
 
 
 @dataclass(frozen=True, slots=True)
@@ -378,213 +651,146 @@ class LeasedRow:
     expires_at: float
 
 
-def read_leased(results: Sequence[Result]) -> list[LeasedRow]:
+def read_leased(reply: Reply) -> list[LeasedRow]:
+    if "leased" not in reply:
+        return []
     return [
-        LeasedRow(int(r[0]), str(r[1]), str(r[2]), int(r[3]), float(r[4])) for r in results[-1].rows
+        LeasedRow(int(r[0]), str(r[1]), str(r[2]), int(r[3]), float(r[4]))
+        for r in reply["leased"].rows
     ]
 
 
-# ------------------------------------------------------------------- ack, nack, and others
+# ------------------------------------------------------------------------------ probe
 
 
-@dataclass(frozen=True, slots=True)
-class Held:
-    """What identifies a lease on the server: its group, its message and its token."""
-
-    seq: int
-    group_id: str
-    token: str
-
-
-# The lease (group, token, seq) still holds its group. Every call on a lease checks this, so
-# a stale lease, or a hand-made one naming another message, changes nothing.
-_HOLDS = "group_id = :g AND token = :token AND head = :seq"
-
-
-def _holds(n: Names) -> str:
-    return f"EXISTS (SELECT 1 FROM {n.groups} WHERE {_HOLDS})"
-
-
-def _finish_head(n: Names, held: Held, now: float) -> list[Statement]:
-    """Remove the head this lease holds and free its group (dropping the group's row when it
-    has no message left, remembering its turn). Every statement checks that the lease holds,
-    so a stale lease changes nothing; the first one's rows_affected says whether it held."""
-    p = {"g": held.group_id, "token": held.token, "seq": held.seq}
-    emptied = f"NOT EXISTS (SELECT 1 FROM {n.messages} WHERE group_id = :g)"
-    return [
-        Statement(f"DELETE FROM {n.messages} WHERE seq = :seq AND {_holds(n)}", p),
-        Statement(
-            f"INSERT OR REPLACE INTO {n.retired} (group_id, turn, expires_at) "
-            f"SELECT group_id, turn, :until FROM {n.groups} "
-            f"WHERE {_HOLDS} AND turn > 0 AND {emptied}",
-            {**p, "until": now + RETIRE_WINDOW},
-        ),
-        Statement(f"DELETE FROM {n.groups} WHERE {_HOLDS} AND {emptied}", p),
-        Statement(
-            f"UPDATE {n.groups} SET ready = 1, parked = 0, until = 0, attempts = 0, "
-            f"token = NULL, head = NULL WHERE {_HOLDS}",
-            p,
-        ),
-    ]
-
-
-_FINISH = 4  # statements per lease in `_finish_head`
-
-
-def ack(n: Names, leases: Sequence[Held], *, now: float, prune: bool = True) -> Batch:
-    """Finish each lease's head. With `prune`, first forget retired turns past the window
-    (expiry index: touches only those); the caller prunes on a fraction of its acks."""
-    statements = [_prune_retired(n, now)] if prune else []
-    for held in leases:
-        statements += _finish_head(n, held, now)
-    return Batch(tuple(statements))
-
-
-def _prune_retired(n: Names, now: float) -> Statement:
-    return Statement(f"DELETE FROM {n.retired} WHERE expires_at < :now", {"now": now})
-
-
-def read_ack(results: Sequence[Result]) -> list[bool]:
-    """Per lease: did it hold (and so was its message removed)?"""
-    first = len(results) % _FINISH  # 1 when the batch began with the prune, else 0
-    return [results[i].rows_affected == 1 for i in range(first, len(results), _FINISH)]
-
-
-def nack(n: Names, held: Held, *, now: float, delay: float) -> Batch:
-    """Give the group back: claimable now (delay 0) or parked until now + delay. Either way
-    the head stays the head, so order is kept through retries."""
-    p: dict[str, Any] = {"g": held.group_id, "token": held.token, "seq": held.seq}
-    if delay > 0:
-        sql = (
-            f"UPDATE {n.groups} SET ready = 0, parked = 1, until = :until, token = NULL "
-            f"WHERE {_HOLDS}"
-        )
-        p["until"] = now + delay
-    else:
-        sql = f"UPDATE {n.groups} SET ready = 1, parked = 0, until = 0, token = NULL WHERE {_HOLDS}"
-    return Batch((Statement(sql, p),))
-
-
-def extend(n: Names, held: Held, *, until: float) -> Batch:
-    """Push the lease's deadline (also revives a lapsed lease nobody took over)."""
-    return Batch(
-        (
-            Statement(
-                f"UPDATE {n.groups} SET ready = 0, parked = 0, until = :until WHERE {_HOLDS}",
-                {"g": held.group_id, "token": held.token, "seq": held.seq, "until": until},
-            ),
-        )
+def probe(n: Names, *, min_priority: int) -> Batch:
+    """Is anything claimable, and when does the earliest lease or park end? A node-local read:
+    a claim that would find nothing costs no Raft write (a stale answer only delays a claim to
+    the next poll)."""
+    # min() over the column an index is ordered by: one probe of the all-ready index, or of
+    # the per-priority one from the floor up.
+    first = (
+        f"(SELECT min(priority) FROM {n.groups} WHERE ready = 1 AND held = 0 AND priority >= :p)"
+        if min_priority
+        else f"(SELECT min(turn) FROM {n.groups} WHERE ready = 1 AND held = 0)"
     )
-
-
-def read_changed(results: Sequence[Result]) -> bool:
-    """nack, extend: did the lease hold?"""
-    return results[-1].rows_affected == 1
-
-
-def read_dead_lettered(results: Sequence[Result]) -> bool:
-    """Did the lease hold (its message was copied, then removed)?"""
-    return results[1].rows_affected == 1
-
-
-def dead_letter(n: Names, held: Held, *, reason: str, now: float) -> Batch:
-    """Move the held head to the dead-letter table and free the group."""
-    p = {"g": held.group_id, "token": held.token, "seq": held.seq, "reason": reason, "now": now}
-    copy = Statement(
-        f"INSERT INTO {n.dead} "
-        f"(seq, group_id, event, priority, attempts, reason, published_at, dead_at) "
-        f"SELECT m.seq, m.group_id, m.event, g.priority, g.attempts, :reason, "
-        f"m.published_at, :now FROM {n.messages} m JOIN {n.groups} g "
-        f"ON g.group_id = m.group_id WHERE m.seq = :seq AND g.group_id = :g "
-        f"AND g.token = :token AND g.head = :seq",
-        p,
+    b = _Builder(write=False, local=True)
+    b.add(
+        f"SELECT {first} IS NOT NULL, (SELECT min(until) FROM {n.groups} WHERE ready = 0)",
+        {"p": min_priority} if min_priority else {},
+        slot="probe",
     )
-    return Batch((copy, *_finish_head(n, held, now)))
+    return b.build()
 
 
-# --------------------------------------------------------------------------- dead letters
+def read_probe(reply: Reply) -> tuple[bool, float | None]:
+    ready, due = reply["probe"].rows[0]
+    return bool(ready), None if due is None else float(due)
 
 
-def _seq_filter(seqs: Sequence[int] | None) -> tuple[str, list[Any]]:
+# --------------------------------------------------------------------- holds and dead letters
+
+
+def hold(n: Names, group_id: str) -> Batch:
+    """Hold a group: no claim takes it until released (a lease in flight finishes normally). A
+    group with no messages yet gets an empty, held row, so its next message waits too."""
+    b = _Builder()
+    b.add(
+        f"INSERT INTO {n.groups} (group_id, priority, ready, held) "
+        f"VALUES ({_TEXT.format(name='g')}, 0, 2, 1) ON CONFLICT (group_id) DO UPDATE SET held = 1",
+        {"g": _json(group_id)},
+    )
+    return b.build()
+
+
+def release(n: Names, group_id: str) -> Batch:
+    b = _Builder()
+    b.add(
+        f"UPDATE {n.groups} SET held = 0 WHERE group_id = {_TEXT.format(name='g')} AND held = 1",
+        {"g": _json(group_id)},
+        slot="released",
+    )
+    return b.build()
+
+
+def _seq_filter(seqs: Sequence[int] | None) -> tuple[str, dict[str, Any]]:
     if seqs is None:
-        return "", []
-    return f"WHERE seq IN ({', '.join('?' for _ in seqs)})", list(seqs)
+        return "", {}
+    return "WHERE seq IN (SELECT j.value FROM json_each(:seqs) j)", {"seqs": _json(list(seqs))}
 
 
 def list_dead(n: Names, *, limit: int, group_id: str | None) -> Batch:
-    where, params = ("WHERE group_id = ?", [group_id]) if group_id is not None else ("", [])
-    return Batch(
-        (
-            Statement(
-                f"SELECT seq, group_id, event, priority, attempts, reason, published_at, "
-                f"dead_at FROM {n.dead} {where} ORDER BY seq LIMIT ?",
-                [*params, limit],
-            ),
-        ),
-        write=False,
+    where, params = ("", {})
+    if group_id is not None:
+        where, params = f"WHERE group_id = {_TEXT.format(name='g')}", {"g": _json(group_id)}
+    b = _Builder(write=False)
+    b.add(
+        f"SELECT seq, group_id, event, priority, attempts, reason, published_at, dead_at "
+        f"FROM {n.dead} {where} ORDER BY seq LIMIT :limit",
+        {**params, "limit": limit},
+        slot="dead",
     )
+    return b.build()
 
 
 def requeue_dead(n: Names, seqs: Sequence[int] | None, *, now: float) -> Batch:
     """Put dead letters back at the tail of their groups (new seqs, original priority when
     the group has to be created again)."""
     where, params = _seq_filter(seqs)
-    return Batch(
-        (
-            Statement(
-                f"INSERT INTO {n.messages} (group_id, event, published_at) "
-                f"SELECT group_id, event, ? FROM {n.dead} {where} ORDER BY seq",
-                [now, *params],
-            ),
-            Statement(
-                f"INSERT OR IGNORE INTO {n.groups} (group_id, priority, turn) "
-                f"SELECT group_id, max(priority), "
-                f"{_RETIRED_TURN.format(n=n, g=n.dead + '.group_id', now='?')} "
-                f"FROM {n.dead} {where} GROUP BY group_id",
-                [now, *params],
-            ),
-            Statement(f"DELETE FROM {n.dead} {where}", params),
-        )
+    b = _Builder()
+    b.add(
+        f"INSERT INTO {n.messages} (group_id, event, published_at) "
+        f"SELECT group_id, event, :now FROM {n.dead} {where} ORDER BY seq",
+        {**params, "now": now},
     )
+    _forget_expired(b, n, f"SELECT group_id FROM {n.dead} {where}", params, now)
+    b.add(
+        _UPSERT_GROUP.format(
+            n=n,
+            rows=f"group_id, max(priority) FROM {n.dead} {where or 'WHERE true'} GROUP BY group_id",
+        ),
+        params,
+    )
+    b.add(f"DELETE FROM {n.dead} {where}", params, slot="requeued")
+    return b.build()
 
 
 def purge_dead(n: Names, seqs: Sequence[int] | None) -> Batch:
     where, params = _seq_filter(seqs)
-    return Batch((Statement(f"DELETE FROM {n.dead} {where}", params),))
+    b = _Builder()
+    b.add(f"DELETE FROM {n.dead} {where}", params, slot="purged")
+    return b.build()
 
 
 # ------------------------------------------------------------------------ reads and stats
 
 
 def stats(n: Names, *, now: float) -> Batch:
-    return Batch(
-        (
-            Statement(
-                f"SELECT (SELECT count(*) FROM {n.messages}), (SELECT count(*) FROM {n.groups}), "
-                f"(SELECT count(*) FROM {n.groups} WHERE ready = 0 AND parked = 0 "
-                f"AND until > :now), "
-                f"(SELECT count(*) FROM {n.groups} WHERE ready = 0 AND parked = 1 "
-                f"AND until > :now), "
-                f"(SELECT count(*) FROM {n.dead}), (SELECT min(published_at) FROM {n.messages})",
-                {"now": now},
-            ),
-            Statement(
-                f"SELECT g.priority, count(*) FROM {n.messages} m JOIN {n.groups} g "
-                f"ON g.group_id = m.group_id GROUP BY g.priority ORDER BY g.priority"
-            ),
-        ),
-        write=False,
+    b = _Builder(write=False)
+    b.add(
+        f"SELECT (SELECT count(*) FROM {n.messages}), "
+        f"(SELECT count(*) FROM {n.groups}) - (SELECT count(*) FROM {n.groups} WHERE ready = 2), "
+        f"(SELECT count(*) FROM {n.groups} WHERE ready = 0 AND parked = 0 AND until > :now), "
+        f"(SELECT count(*) FROM {n.groups} WHERE ready = 0 AND parked = 1 AND until > :now), "
+        f"(SELECT count(*) FROM {n.dead}), (SELECT min(published_at) FROM {n.messages}), "
+        f"(SELECT count(*) FROM {n.groups} WHERE held = 1)",
+        {"now": now},
+        slot="counts",
     )
+    b.add(
+        f"SELECT g.priority, count(*) FROM {n.messages} m JOIN {n.groups} g "
+        f"ON g.group_id = m.group_id GROUP BY g.priority ORDER BY g.priority",
+        slot="by_priority",
+    )
+    return b.build()
 
 
 def peek(n: Names, group_id: str, *, limit: int) -> Batch:
-    return Batch(
-        (
-            Statement(
-                f"SELECT seq, event, published_at FROM {n.messages} WHERE group_id = ? "
-                f"ORDER BY seq LIMIT ?",
-                [group_id, limit],
-            ),
-        ),
-        write=False,
+    b = _Builder(write=False)
+    b.add(
+        f"SELECT seq, event FROM {n.messages} WHERE group_id = {_TEXT.format(name='g')} "
+        f"ORDER BY seq LIMIT :limit",
+        {"g": _json(group_id), "limit": limit},
+        slot="messages",
     )
+    return b.build()

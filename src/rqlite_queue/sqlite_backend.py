@@ -2,31 +2,51 @@
 
 WAL lets readers work beside the one writer; every write batch takes the write lock up front
 (`BEGIN IMMEDIATE`), so two processes sharing the file serialise their claims exactly as
-rqlite's Raft log serialises them, and a busy timeout makes them wait instead of fail."""
+rqlite's Raft log serialises them, and a busy timeout (never past the operation's deadline)
+makes them wait instead of fail. Whatever goes wrong inside a batch, the transaction is rolled
+back before the error leaves, so no failure can leave the file locked for other processes."""
 
 from __future__ import annotations
 
 import asyncio
 import sqlite3
 import threading
+import time
 
-from .errors import BackendError, Unavailable
+from .errors import BackendError, TransportClosed, Unavailable
 from .sql import Batch, Result
+
+MIN_SQLITE = (3, 35, 0)
+"""UPDATE ... FROM (3.33), the JSON functions, and a planner that uses the partial indexes."""
 
 
 class SqliteExecutor:
     def __init__(self, path: str, *, busy_timeout: float = 30.0) -> None:
+        if sqlite3.sqlite_version_info < MIN_SQLITE:
+            raise BackendError(
+                f"the embedded backend needs SQLite >= {'.'.join(map(str, MIN_SQLITE))}; "
+                f"this Python has {sqlite3.sqlite_version}"
+            )
         self.path = path
+        self.busy_timeout = busy_timeout
         self._lock = threading.Lock()
-        self._conn = sqlite3.connect(
+        self._conn: sqlite3.Connection | None = sqlite3.connect(
             path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
         )
         self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
 
-    def execute(self, batch: Batch) -> list[Result]:
+    def execute(self, batch: Batch, deadline: float) -> list[Result]:
+        """Run `batch` in one transaction, waiting for the write lock until `deadline` (a
+        `time.monotonic()` time) at most."""
         with self._lock:
-            cursor = self._conn.cursor()
+            conn = self._conn
+            if conn is None:
+                raise TransportClosed(f"sqlite: {self.path}: closed")
+            wait = min(self.busy_timeout, deadline - time.monotonic())
+            if wait <= 0:
+                raise Unavailable("sqlite: the deadline passed before the batch could start")
+            conn.execute(f"PRAGMA busy_timeout = {max(1, int(wait * 1000))}")
+            cursor = conn.cursor()
             try:
                 cursor.execute("BEGIN IMMEDIATE" if batch.write else "BEGIN")
                 results = []
@@ -36,18 +56,27 @@ class SqliteExecutor:
                     results.append(Result(rows, max(cursor.rowcount, 0), cursor.lastrowid or None))
                 cursor.execute("COMMIT")
                 return results
-            except sqlite3.Error as exc:
-                if self._conn.in_transaction:
-                    self._conn.execute("ROLLBACK")
-                if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
+            except BaseException as exc:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.OperationalError) and _busy(exc):
                     raise Unavailable(f"sqlite: {exc}") from exc
-                raise BackendError(f"sqlite: {exc}") from exc
+                if isinstance(exc, Exception):
+                    raise BackendError(f"sqlite: {exc!r}") from exc
+                raise
             finally:
                 cursor.close()
 
     def close(self) -> None:
         with self._lock:
-            self._conn.close()
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+
+def _busy(exc: sqlite3.OperationalError) -> bool:
+    text = str(exc)
+    return "locked" in text or "busy" in text
 
 
 class AsyncSqliteExecutor:
@@ -57,8 +86,8 @@ class AsyncSqliteExecutor:
         self._sync = SqliteExecutor(path, busy_timeout=busy_timeout)
         self.path = path
 
-    async def execute(self, batch: Batch) -> list[Result]:
-        return await asyncio.to_thread(self._sync.execute, batch)
+    async def execute(self, batch: Batch, deadline: float) -> list[Result]:
+        return await asyncio.to_thread(self._sync.execute, batch, deadline)
 
     async def close(self) -> None:
         await asyncio.to_thread(self._sync.close)

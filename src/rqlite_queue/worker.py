@@ -2,6 +2,6 @@
 
 from ._async.worker import CLAIM_BUCKETS, AsyncWorker, WorkerStats
 from ._sync.worker import Worker
-from .worker_policy import Backoff, IdlePoll
+from .worker_policy import Backoff, Park
 
-__all__ = ["CLAIM_BUCKETS", "AsyncWorker", "Backoff", "IdlePoll", "Worker", "WorkerStats"]
+__all__ = ["CLAIM_BUCKETS", "AsyncWorker", "Backoff", "Park", "Worker", "WorkerStats"]

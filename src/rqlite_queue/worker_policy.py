@@ -1,5 +1,5 @@
-"""What a worker decides, without I/O: retry delays, when to give up, when to heartbeat, how
-long to wait when idle, which priority floor to claim with. Shared by `Worker` (threads) and
+"""What a worker decides, without I/O: what to do with a finished handler's message, retry
+delays, when to heartbeat, which priority floor to claim with. Shared by `Worker` (threads) and
 `AsyncWorker` (asyncio)."""
 
 from __future__ import annotations
@@ -9,6 +9,16 @@ from dataclasses import dataclass, field
 
 from .errors import InvalidArgument
 from .lease import Lease
+
+
+class Park(Exception):
+    """Raise it from a handler to put the message back for `delay` seconds: its group is
+    parked (nothing of it runs meanwhile, order kept), then the same message comes back.
+    It does not count as a failure: it is never dead-lettered for it."""
+
+    def __init__(self, delay: float, reason: str = "") -> None:
+        super().__init__(reason or f"parked for {delay:g}s")
+        self.delay = delay
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,29 +39,41 @@ class Backoff:
         return float(raw * (1 - self.jitter * (rng or random).random()))
 
 
-@dataclass
-class IdlePoll:
-    """How long to sleep after an empty claim: doubling from `first` up to `cap`, back to
-    `first` as soon as a claim finds work. Never a busy spin."""
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What becomes of a message whose handler finished: `ack`, `nack` (after `delay`), or
+    `dead` (with `reason`)."""
 
-    first: float = 0.05
-    cap: float = 2.0
-    _next: float = field(default=0.0, init=False)
+    kind: str
+    delay: float = 0.0
+    reason: str = ""
 
-    def empty(self) -> float:
-        self._next = self.first if self._next == 0 else min(self.cap, self._next * 2)
-        return self._next
 
-    def found(self) -> None:
-        self._next = 0.0
+ACK = Verdict("ack")
+
+
+@dataclass(frozen=True, slots=True)
+class FailurePolicy:
+    max_attempts: int = 5
+    backoff: Backoff = field(default_factory=Backoff)
+    non_retryable: tuple[type[BaseException], ...] = ()
+
+    def verdict(self, lease: Lease, exc: BaseException | None, rng: random.Random) -> Verdict:
+        if exc is None:
+            return ACK
+        if isinstance(exc, Park):
+            return Verdict("nack", max(0.0, float(exc.delay)), failure_reason(exc))
+        if isinstance(exc, self.non_retryable) or lease.attempts >= self.max_attempts:
+            return Verdict("dead", reason=failure_reason(exc))
+        return Verdict("nack", self.backoff.delay(lease.attempts, rng), failure_reason(exc))
 
 
 @dataclass
 class PriorityShare:
     """Claim with `min_priority=floor` in a `share` of the claim rounds (falling back to no
-    floor when that finds nothing), so high-priority groups go first part of the time without
-    starving the rest (the seed's `high_ratio`). Deterministic: every round whose running
-    share would fall below `share` is a high-priority round."""
+    floor when that finds too little), so high-priority groups go first part of the time
+    without starving the rest (the seed's `high_ratio`). Deterministic: every round whose
+    running share would fall below `share` is a high-priority round."""
 
     share: float = 0.0
     floor: int = 3

@@ -9,9 +9,10 @@ and what `stats()` and `peek` report. The clock is a `FakeClock` that only the m
 
 A lease holds while its token is its group's current token: a later claim of the group
 replaces the token; ack, nack and dead_letter of that lease clear it; a lapsed lease nobody
-took over still holds (a claim frees lapsed groups but keeps their token). A group is forgotten
-when its last message goes (ack or dead letter) and starts afresh on its next publish: new
-creation order, never claimed, priority set by that publish.
+took over still holds (a claim frees lapsed groups but keeps their token). A group whose last
+message goes (ack or dead letter) keeps its place (turn and creation order) for RETIRE_WINDOW:
+published again within it, it takes that place back; after it, it starts afresh: last in
+creation order, never claimed. Either way its priority is set by that publish.
 
 Runs: a short one on SQLite by default (100 examples x 30 steps), a long one on SQLite marked
 slow (300 x 50), and a short one on the real one-node rqlite (20 x 25, a fresh queue per
@@ -105,7 +106,8 @@ class Model:
         self._seq = itertools.count(1)
         self._created = itertools.count()
         self._turn = itertools.count(1)
-        self.retired: dict[str, tuple[int, float]] = {}  # emptied group -> (turn, expires_at)
+        # emptied group -> (turn, creation order, expires_at)
+        self.retired: dict[str, tuple[int, int, float]] = {}
 
     # -------------------------------------------------------------------------- reading
 
@@ -130,11 +132,12 @@ class Model:
                 return self.dedup[dedup_id][0]
         seq = next(self._seq)
         if group_id not in self.groups:
-            group = self.groups[group_id] = Group(priority, next(self._created))
-            turn, expires_at = self.retired.get(group_id, (0, 0.0))
+            turn, created, expires_at = self.retired.get(group_id, (0, 0, 0.0))
             if expires_at >= self.now:
                 # Emptied lately: it takes its place in the round robin back.
-                group.turn = turn
+                self.groups[group_id] = Group(priority, created, turn=turn)
+            else:
+                self.groups[group_id] = Group(priority, next(self._created))
         self.groups[group_id].messages.append((seq, event, self.now))
         if dedup_id is not None:
             self.dedup[dedup_id] = (seq, self.now + self.dedup_window)
@@ -165,8 +168,7 @@ class Model:
         assert seq == lease.seq, "model: a holding lease is always on its group's head"
         g.attempts, g.token, g.state, g.until = 0, None, "free", 0.0
         if not g.messages:
-            if g.turn > 0:
-                self.retired[lease.group_id] = (g.turn, self.now + RETIRE_WINDOW)
+            self.retired[lease.group_id] = (g.turn, g.created, self.now + RETIRE_WINDOW)
             del self.groups[lease.group_id]
 
     def ack(self, lease: Lease) -> bool:

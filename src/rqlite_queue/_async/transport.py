@@ -7,40 +7,60 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol, TypeVar
 
 from ..codec import Codec
-from ..core import DEFAULT_DEDUP_WINDOW, DEFAULT_MAX_PAYLOAD_BYTES, Plan, PublishItem, QueueCore
-from ..errors import InvalidArgument, SchemaError, Unavailable
+from ..core import (
+    DEFAULT_DEDUP_WINDOW,
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    Plan,
+    Probe,
+    PublishItem,
+    QueueCore,
+    Round,
+)
+from ..errors import BackendError, InvalidArgument, OutcomeUnknown, Unavailable
+from ..http_async import AiohttpClient
 from ..lease import DeadLetter, Lease, Stats
-from ..rqlite_http import parse_endpoints, redact
-from ..sql import SCHEMA_VERSION, Batch, Result
+from ..rqlite_http import MIN_ATTEMPT, parse_endpoints, redact
+from ..sql import Batch, Reply, Result
 from ..sqlite_backend import AsyncSqliteExecutor
-from .rqlite_client import AsyncRqliteClient
 
 T = TypeVar("T")
 
+DEFAULT_DEADLINE = 15.0
+UPGRADE_ATTEMPTS = 5
+
 
 class AsyncExecutor(Protocol):
-    async def execute(self, batch: Batch) -> list[Result]: ...
+    async def execute(self, batch: Batch, deadline: float) -> list[Result]: ...
 
     async def close(self) -> None: ...
+
+
+def _token() -> str:
+    return uuid.uuid4().hex
 
 
 class AsyncTransport:
     """A queue with per-group exclusivity on one backend (see the contract in the docs).
 
     Build one with `from_url`, or `AsyncRqliteTransport(url)` / `AsyncSqliteTransport(path)`.
-    The tables are created on first use."""
+    The tables are created (or upgraded) on first use. Every call finishes within `deadline`
+    seconds: failover, resends and request timeouts included."""
 
     def __init__(
-        self, executor: AsyncExecutor, core: QueueCore, *, replay_deadline: float = 15.0
+        self, executor: AsyncExecutor, core: QueueCore, *, deadline: float = DEFAULT_DEADLINE
     ) -> None:
+        if isinstance(deadline, bool) or not isinstance(deadline, int | float) or deadline <= 0:
+            raise InvalidArgument(f"deadline must be a number of seconds > 0, got {deadline!r}")
         self._executor = executor
         self._core = core
         self._schema_checked = False
-        self.replay_deadline = replay_deadline
+        self._idle: dict[int, bool] = {}
+        self.deadline = float(deadline)
         self.resent = 0
         """How many batches were sent again after an unknown outcome (for tests, metrics)."""
 
@@ -53,30 +73,35 @@ class AsyncTransport:
         """The clock lease deadlines are computed with."""
         return self._core.clock
 
+    @property
+    def closed(self) -> bool:
+        return self._core.closed
+
     @classmethod
     async def from_url(
         cls, url: str, *, connect_timeout: float = 30.0, **options: Any
     ) -> AsyncTransport:
         """`sqlite:///path.db` (embedded) or `http(s)://host:port[,host:port...]` (rqlite).
-        Waits until the backend answers and, for rqlite, has a leader; then creates the
-        tables if missing. Raises `Unavailable` after `connect_timeout` seconds."""
+        Waits until the backend answers and, for rqlite, has a leader; then creates or
+        upgrades the tables. Raises `Unavailable` after `connect_timeout` seconds."""
         transport: AsyncTransport
         if not isinstance(url, str):
-            raise InvalidArgument(f"not a URL: {url!r}")
+            raise InvalidArgument(f"not a URL: {type(url).__name__}")
         if url.startswith("sqlite://"):
             transport = AsyncSqliteTransport(_sqlite_path(url), **options)
         elif url.startswith(("http://", "https://")):
             transport = AsyncRqliteTransport(url, **options)
         else:
-            raise InvalidArgument(f"unknown URL scheme in {url!r} (use sqlite, http or https)")
+            raise InvalidArgument(
+                f"unknown URL scheme in {redact(url)!r} (use sqlite, http or https)"
+            )
         give_up = time.monotonic() + connect_timeout
         while True:
             try:
-                # No single attempt may outlast what is left of connect_timeout.
-                await transport._with_deadline(max(0.1, give_up - time.monotonic()))
+                await transport._setup(give_up)
                 return transport
             except Unavailable as exc:
-                if time.monotonic() >= give_up:
+                if time.monotonic() + 0.2 >= give_up:
                     await transport.close()
                     raise Unavailable(
                         f"{redact(url)}: not available after {connect_timeout:g}s: {exc}"
@@ -86,45 +111,58 @@ class AsyncTransport:
                 await transport.close()
                 raise
 
-    async def _with_deadline(self, seconds: float) -> None:
-        """`setup()`, with the backend's own retry deadline capped at `seconds`."""
-        await self.setup()
-
     async def setup(self) -> None:
-        """Create the queue's tables if missing, and check their version."""
-        version = await self._send(self._core.setup())
-        if version > SCHEMA_VERSION:
-            raise SchemaError(
-                f"queue {self.queue!r} has schema version {version}; this library knows "
-                f"{SCHEMA_VERSION}: upgrade rqlite-queue"
-            )
-        self._schema_checked = True
+        """Create the queue's tables if missing, or upgrade them in place, and check their
+        version (`SchemaError` if they are newer than this library)."""
+        await self._setup(time.monotonic() + self.deadline)
 
-    async def _send(self, plan: Plan[T]) -> T:
-        return plan.read(await self._executor.execute(plan.batch))
+    async def _setup(self, deadline: float) -> None:
+        failure: Exception | None = None
+        for _ in range(UPGRADE_ATTEMPTS):
+            plan = self._core.upgrade(await self._send(self._core.bootstrap(), deadline))
+            if plan is None:
+                self._schema_checked = True
+                return
+            try:
+                await self._send(plan, deadline)
+            except (BackendError, OutcomeUnknown) as exc:
+                # Another client upgraded first (its version check failed ours), or the reply
+                # was lost: read the version again.
+                failure = exc
+        raise BackendError(f"queue {self.queue!r}: could not upgrade the schema: {failure}")
+
+    async def _send(self, plan: Plan[T], deadline: float) -> T:
+        return plan.read(Reply(plan.batch, await self._executor.execute(plan.batch, deadline)))
 
     async def _run(self, plan: Plan[T]) -> T:
+        deadline = time.monotonic() + self.deadline
         if not self._schema_checked:
-            await self.setup()
+            await self._setup(deadline)
         try:
-            return await self._send(plan)
-        except Unavailable:
+            return await self._send(plan, deadline)
+        except OutcomeUnknown:
             if plan.replay is None:
                 raise
-            return await self._replay(plan, plan.replay)
+            return await self._replay(plan, plan.replay, deadline)
 
-    async def _replay(self, plan: Plan[T], read: Callable[[Sequence[Result]], T]) -> T:
-        """Send a retry-safe batch again after an unknown outcome, until `replay_deadline`."""
-        give_up = time.monotonic() + self.replay_deadline
-        backoff = 0.1
+    async def _replay(self, plan: Plan[T], read: Callable[[Reply], T], deadline: float) -> T:
+        """Send a retry-safe batch again after an unknown outcome, until `deadline`."""
+        backoff = 0.05
         while True:
-            await asyncio.sleep(backoff * random.uniform(0.5, 1.0))
+            left = deadline - time.monotonic()
+            if left < MIN_ATTEMPT + backoff / 2:
+                raise OutcomeUnknown(
+                    f"queue {self.queue!r}: the deadline passed while the outcome of a write "
+                    f"was unknown"
+                )
+            await asyncio.sleep(min(backoff * random.uniform(0.5, 1.0), left - MIN_ATTEMPT))
             self.resent += 1
             try:
-                return read(await self._executor.execute(plan.batch))
-            except Unavailable:
-                if time.monotonic() + backoff > give_up:
-                    raise
+                return read(Reply(plan.batch, await self._executor.execute(plan.batch, deadline)))
+            except Unavailable as exc:
+                # Whatever this attempt met, the first one may have applied.
+                if time.monotonic() + MIN_ATTEMPT >= deadline:
+                    raise OutcomeUnknown(f"queue {self.queue!r}: outcome unknown: {exc}") from exc
                 backoff = min(backoff * 2, 1.0)
 
     # ------------------------------------------------------------------------ the seed's calls
@@ -133,14 +171,14 @@ class AsyncTransport:
         self, group_id: str, event: Any, priority: int = 0, *, dedup_id: str | None = None
     ) -> int:
         """Append `event` to `group_id`'s FIFO; returns its seq. `priority` (0-4) is fixed by
-        the publish that creates the group. With `dedup_id`, a repeat within the dedup window
-        publishes nothing and returns the first seq."""
+        the publish that creates the group. With `dedup_id` (or the transport's `dedup_key`),
+        a repeat within the dedup window publishes nothing and returns the first seq."""
         return await self._run(self._core.publish(group_id, event, priority, dedup_id))
 
     async def claim(self, worker_id: str, visibility: float, min_priority: int = 0) -> Lease | None:
         """Lease the head of the claimable group claimed least recently, for `visibility`
         seconds; None when nothing is claimable."""
-        leases = await self._run(self._core.claim(worker_id, visibility, 1, min_priority))
+        leases = await self.claim_many(worker_id, visibility, 1, min_priority)
         return leases[0] if leases else None
 
     async def ack(self, lease: Lease) -> None:
@@ -154,7 +192,9 @@ class AsyncTransport:
         await self._run(self._core.nack(lease, delay))
 
     async def close(self) -> None:
-        await self._executor.close()
+        if not self._core.closed:
+            self._core.closed = True
+            await self._executor.close()
 
     async def __aenter__(self: _Self) -> _Self:
         return self
@@ -173,23 +213,81 @@ class AsyncTransport:
     async def claim_many(
         self, worker_id: str, visibility: float, n: int, min_priority: int = 0
     ) -> list[Lease]:
-        """Up to `n` leases from `n` distinct groups, in one round trip."""
-        return await self._run(self._core.claim(worker_id, visibility, n, min_priority))
+        """Up to `n` leases from `n` distinct groups, in one round trip. After a claim that
+        found nothing, the next one first asks the node it talks to (a read, no Raft write)
+        and only writes when something is claimable."""
+        plan = self._core.claim(worker_id, visibility, n, min_priority)
+        if self._idle.get(min_priority) and not await self._worth_claiming(min_priority):
+            return []
+        leases = await self._run(plan)
+        self._idle[min_priority] = not leases
+        return leases
+
+    async def _worth_claiming(self, min_priority: int) -> bool:
+        probe = await self.probe(min_priority)
+        return probe.claimable or (probe.next_due is not None and probe.next_due <= self.clock())
+
+    async def probe(self, min_priority: int = 0) -> Probe:
+        """A node-local look (no Raft write): is a group claimable now, and when does the
+        earliest lease or park end? The answer may be a little behind the leader's."""
+        return await self._run(self._core.probe(min_priority))
+
+    async def settle_and_claim(
+        self,
+        worker_id: str | None = None,
+        visibility: float = 30.0,
+        n: int = 0,
+        *,
+        ack: Sequence[Lease] = (),
+        nack: Sequence[tuple[Lease, float]] = (),
+        extend: Sequence[Lease] = (),
+        dead: Sequence[tuple[Lease, str]] = (),
+        hold_dead: bool = False,
+        min_priority: int = 0,
+    ) -> Round:
+        """Settle leases (ack; nack as `(lease, delay)`; extend by `visibility`; dead-letter as
+        `(lease, reason)`, holding their groups with `hold_dead`) and claim up to `n` new
+        leases, in one round trip and one transaction. Leases that no longer held are listed
+        in `Round.lost` (they changed nothing); nothing is raised for them."""
+        return await self._run(
+            self._core.round(
+                worker_id=worker_id,
+                visibility=visibility,
+                n=n,
+                min_priority=min_priority,
+                ack=ack,
+                nack=nack,
+                extend=extend,
+                dead=dead,
+                hold_dead=hold_dead,
+            )
+        )
 
     async def ack_many(self, leases: Sequence[Lease]) -> None:
         """Ack several leases in one round trip. Those that still hold are acked; if any did
         not, `LeaseLost` lists them."""
-        if leases:
-            await self._run(self._core.ack(list(leases)))
+        plan = self._core.ack(leases)
+        if plan.batch.statements:
+            await self._run(plan)
 
     async def extend(self, lease: Lease, visibility: float) -> Lease:
         """Heartbeat: the lease now lapses `visibility` seconds from now. Returns the lease
         with its new `expires_at`."""
         return await self._run(self._core.extend(lease, visibility))
 
-    async def dead_letter(self, lease: Lease, reason: str) -> None:
-        """Move the message to the dead-letter table, with `reason`, and free its group."""
-        await self._run(self._core.dead_letter(lease, reason))
+    async def dead_letter(self, lease: Lease, reason: str, *, hold: bool = False) -> None:
+        """Move the message to the dead-letter table, with `reason`, and free its group (or,
+        with `hold`, hold it until `release_group`)."""
+        await self._run(self._core.dead_letter(lease, reason, hold))
+
+    async def hold_group(self, group_id: str) -> None:
+        """No claim takes this group until `release_group` (a lease in flight on it finishes
+        normally; publishing to it goes on)."""
+        await self._run(self._core.hold(group_id))
+
+    async def release_group(self, group_id: str) -> bool:
+        """Undo `hold_group`; False if the group was not held."""
+        return await self._run(self._core.release(group_id))
 
     async def dead_letters(
         self, limit: int = 100, *, group_id: str | None = None
@@ -217,7 +315,8 @@ _Self = TypeVar("_Self", bound=AsyncTransport)
 
 class AsyncRqliteTransport(AsyncTransport):
     """The queue on an rqlite cluster: `url` is `http(s)://[user:pass@]host:port[,host:port]`.
-    Each operation is one HTTP request."""
+    Each operation is one HTTP request (more only to fail over, or to resend a write whose
+    reply was lost where that is safe). `timeout` bounds each request, `deadline` each call."""
 
     def __init__(
         self,
@@ -229,34 +328,28 @@ class AsyncRqliteTransport(AsyncTransport):
         codec: Codec | type[Any] | None = None,
         auth: tuple[str, str] | None = None,
         verify: bool | str = True,
-        deadline: float = 15.0,
+        deadline: float = DEFAULT_DEADLINE,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         dedup_window: float = DEFAULT_DEDUP_WINDOW,
-        event_hooks: dict[str, list[Any]] | None = None,
+        dedup_key: Callable[[Any], str | None] | None = None,
     ) -> None:
         core = QueueCore(
             queue=queue,
             codec=codec,
             clock=clock,
+            token=_token,
+            chance=random.random,
             max_payload_bytes=max_payload_bytes,
             dedup_window=dedup_window,
+            dedup_key=dedup_key,
         )
-        self.client = AsyncRqliteClient(
-            parse_endpoints(url, auth),
-            timeout=timeout,
-            deadline=deadline,
-            verify=verify,
-            event_hooks=event_hooks,
-        )
-        super().__init__(self.client, core, replay_deadline=deadline)
-
-    async def _with_deadline(self, seconds: float) -> None:
-        saved = self.client.deadline
-        self.client.deadline = min(saved, seconds)
-        try:
-            await self.setup()
-        finally:
-            self.client.deadline = saved
+        _check_timeout(timeout)
+        if auth is not None and not (
+            isinstance(auth, tuple) and len(auth) == 2 and all(isinstance(a, str) for a in auth)
+        ):
+            raise InvalidArgument("auth must be a (user, password) pair of strings")
+        self.client = AiohttpClient(parse_endpoints(url, auth), timeout=timeout, verify=verify)
+        super().__init__(self.client, core, deadline=deadline)
 
 
 class AsyncSqliteTransport(AsyncTransport):
@@ -270,17 +363,30 @@ class AsyncSqliteTransport(AsyncTransport):
         queue: str = "default",
         codec: Codec | type[Any] | None = None,
         busy_timeout: float = 30.0,
+        deadline: float = DEFAULT_DEADLINE,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         dedup_window: float = DEFAULT_DEDUP_WINDOW,
+        dedup_key: Callable[[Any], str | None] | None = None,
     ) -> None:
         core = QueueCore(
             queue=queue,
             codec=codec,
             clock=clock,
+            token=_token,
+            chance=random.random,
             max_payload_bytes=max_payload_bytes,
             dedup_window=dedup_window,
+            dedup_key=dedup_key,
         )
-        super().__init__(AsyncSqliteExecutor(path, busy_timeout=busy_timeout), core)
+        _check_timeout(busy_timeout)
+        super().__init__(
+            AsyncSqliteExecutor(path, busy_timeout=busy_timeout), core, deadline=deadline
+        )
+
+
+def _check_timeout(timeout: object) -> None:
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+        raise InvalidArgument(f"timeout must be a number of seconds > 0, got {timeout!r}")
 
 
 def _sqlite_path(url: str) -> str:

@@ -1,31 +1,42 @@
-"""The worker runtime: claims in batches, runs a handler per message with heartbeats, retries
-with backoff, dead-letters after `max_attempts`, stops gracefully. This file is the source;
-`_sync/worker.py` (threads) is generated from it by `scripts/gen_sync.py`; what threads and
-asyncio do differently lives in `_runtime.py`, the decisions in `worker_policy.py`."""
+"""The worker runtime: claims and settles in one round trip, runs a handler per message on
+reused threads or tasks, heartbeats, retries with backoff, dead-letters, stops gracefully. This
+file is the source; `_sync/worker.py` (threads) is generated from it by `scripts/gen_sync.py`;
+what threads and asyncio do differently lives in `_runtime.py`, the decisions in
+`worker_policy.py`."""
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import random
 import socket
-import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .._runtime import AsyncRuntime
-from ..errors import InvalidArgument, LeaseLost, QueueError
+from ..core import Round
+from ..errors import (
+    AuthError,
+    InvalidArgument,
+    QueueError,
+    SchemaError,
+    TransportClosed,
+)
 from ..lease import Lease
-from ..worker_policy import Backoff, IdlePoll, PriorityShare, failure_reason, heartbeat_due
+from ..worker_policy import Backoff, FailurePolicy, PriorityShare, Verdict, heartbeat_due
 from .transport import AsyncTransport
 
 log = logging.getLogger("rqlite_queue.worker")
 
 # Upper bounds (seconds) of the claim-latency histogram.
 CLAIM_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+PERMANENT = (AuthError, SchemaError, TransportClosed)
+"""Errors no retry can mend: the worker stops and `run` raises them."""
+MAX_ERROR_WAIT = 2.0
 
 
 @dataclass
@@ -39,11 +50,16 @@ class WorkerStats:
     leases_lost: int = 0
     extended: int = 0
     claim_errors: int = 0
+    """Round trips that failed (the backend unavailable, say); what they carried is resent."""
+    rounds: int = 0
+    """Round trips to the backend (each one write: settle and claim together)."""
+    probes: int = 0
+    """Node-local reads made while idle (no write)."""
     claim_seconds: float = 0.0
-    """Total time spent in claim calls (divide by claim rounds for the mean latency)."""
+    """Total time spent in round trips that claimed (divide by claim_rounds for the mean)."""
     claim_rounds: int = 0
     claim_buckets: list[int] = field(default_factory=lambda: [0] * len(CLAIM_BUCKETS))
-    """Claim rounds that took at most each of `CLAIM_BUCKETS` seconds (cumulative)."""
+    """Claiming round trips that took at most each of `CLAIM_BUCKETS` seconds (cumulative)."""
 
     def record_claim(self, seconds: float) -> None:
         self.claim_rounds += 1
@@ -53,19 +69,52 @@ class WorkerStats:
                 self.claim_buckets[i] += 1
 
 
+@dataclass
+class _Pending:
+    """What the next round trip carries."""
+
+    ack: list[Lease] = field(default_factory=list)
+    nack: list[tuple[Lease, float]] = field(default_factory=list)
+    dead: list[tuple[Lease, str]] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.ack or self.nack or self.dead)
+
+    def take(self) -> _Pending:
+        taken = _Pending(self.ack, self.nack, self.dead)
+        self.ack, self.nack, self.dead = [], [], []
+        return taken
+
+    def put_back(self, other: _Pending) -> None:
+        self.ack += other.ack
+        self.nack += other.nack
+        self.dead += other.dead
+
+
 class AsyncWorker:
     """Runs `handler(lease)` for each message, `concurrency` at a time.
 
-    - Claims as many messages as there are free slots, in one round trip (`claim_many`);
-      an empty claim backs off (`idle_poll`), never a busy spin.
-    - A handler running longer than a third of `visibility` has its lease extended.
-    - A handler that raises: the message is nacked with `backoff` (its group parked, order
-      kept) until it has been tried `max_attempts` times, then dead-lettered with the
-      exception type and message.
-    - On `LeaseLost` (the lease lapsed and another worker took the group) the result is
-      dropped and logged.
+    - One round trip at a time settles every message whose handler finished (ack, retry,
+      dead letter) and claims as many new ones as there are free slots: one write (one Raft
+      entry) per round, however many messages it carries. At concurrency 1 that is one write
+      per message; at concurrency c, the handlers that finished during a round trip are
+      settled, and their slots refilled, by the next one.
+    - Idle (the last claim found nothing and nothing is left to settle), it asks the node it
+      talks to, every `poll_interval` seconds, whether anything is claimable: a read, no
+      write. A new message is picked up within about `poll_interval`.
+    - A handler running longer than a third of `visibility` has its lease extended (in the
+      next round trip, or one of its own).
+    - A handler that raises: the message is retried after `backoff` (its group parked, order
+      kept) until it has been tried `max_attempts` times, then dead-lettered with the exception
+      type and message; an exception in `non_retryable` is dead-lettered at once; `Park(delay)`
+      puts it back for `delay` seconds. With `hold_group_on_dead_letter`, a dead letter also
+      holds its group (its later messages wait for `release_group`).
+    - On a lease that no longer held (it lapsed and another worker took the group) the result
+      is dropped and logged.
     - `stop()` (or SIGINT/SIGTERM while `run` runs in the main thread): stop claiming, let
-      handlers finish within `grace` seconds, nack the rest. Nothing is lost."""
+      handlers finish within `grace` seconds, settle them, give the rest back. Nothing is lost.
+    - Errors no retry can mend (wrong credentials, a newer schema, a closed transport) stop the
+      worker: `run` raises them."""
 
     def __init__(
         self,
@@ -76,33 +125,44 @@ class AsyncWorker:
         visibility: float = 30.0,
         max_attempts: int = 5,
         backoff: Backoff | None = None,
+        non_retryable: Sequence[type[BaseException]] = (),
+        hold_group_on_dead_letter: bool = False,
         worker_id: str | None = None,
         priority_share: float = 0.0,
         priority_floor: int = 3,
-        idle_poll: IdlePoll | None = None,
+        poll_interval: float = 0.05,
         grace: float = 30.0,
         heartbeat_interval: float | None = None,
     ) -> None:
-        if concurrency < 1:
-            raise InvalidArgument("concurrency must be >= 1")
-        if visibility <= 0:
-            raise InvalidArgument("visibility must be > 0")
-        if max_attempts < 1:
-            raise InvalidArgument("max_attempts must be >= 1")
+        AsyncRuntime.check_handler(handler)
+        _positive_int(concurrency, "concurrency", 10_000)
+        _positive_int(max_attempts, "max_attempts", 1_000_000)
+        for value, name in ((visibility, "visibility"), (poll_interval, "poll_interval")):
+            _positive(value, name)
+        _positive(grace, "grace", allow_zero=True)
+        if heartbeat_interval is not None:
+            _positive(heartbeat_interval, "heartbeat_interval")
+        if not isinstance(non_retryable, Sequence) or not all(
+            isinstance(t, type) and issubclass(t, BaseException) for t in non_retryable
+        ):
+            raise InvalidArgument("non_retryable must be a sequence of exception classes")
         self.transport = transport
         self.handler = handler
         self.concurrency = concurrency
-        self.visibility = visibility
-        self.max_attempts = max_attempts
-        self.backoff = backoff or Backoff()
+        self.visibility = float(visibility)
+        self.policy = FailurePolicy(max_attempts, backoff or Backoff(), tuple(non_retryable))
+        self.hold_group_on_dead_letter = hold_group_on_dead_letter
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.priority = PriorityShare(priority_share, priority_floor)
-        self.idle_poll = idle_poll or IdlePoll()
-        self.grace = grace
+        self.poll_interval = float(poll_interval)
+        self.grace = float(grace)
         self.heartbeat_interval = heartbeat_interval or max(0.05, visibility / 6)
         self.stats = WorkerStats()
         self._running: dict[tuple[str, int], Lease] = {}
-        self._lock = threading.Lock()
+        self._finished: collections.deque[tuple[tuple[str, int], BaseException | None]] = (
+            collections.deque()
+        )
+        self._pending = _Pending()
         self._stopping = False
         self._rng = random.Random()
         self._runtime: AsyncRuntime | None = None
@@ -119,163 +179,229 @@ class AsyncWorker:
     def in_flight(self) -> int:
         return len(self._running)
 
-    async def run(self, *, handle_signals: bool = True) -> None:
-        """Work until `stop()` (or SIGINT/SIGTERM); then wind down gracefully."""
+    async def run(self, *, handle_signals: bool = True, until_empty: bool = False) -> None:
+        """Work until `stop()` (or SIGINT/SIGTERM), then wind down gracefully. With
+        `until_empty`, also stop once a claim finds nothing and every handler has finished."""
         runtime = self._runtime = AsyncRuntime(self.concurrency)
         self._stopping = False
         if handle_signals:
             runtime.install_signals(self._on_signal)
         log.info("worker %s started (concurrency %d)", self.worker_id, self.concurrency)
         try:
-            runtime.spawn(self._heartbeats, runtime)
-            await self._claim_loop(runtime)
-            await self._wind_down(runtime)
+            await self._loop(runtime, until_empty)
         finally:
             self._stopping = True
-            runtime.wake()
             if handle_signals:
                 runtime.remove_signals()
+            runtime.abandon()
         log.info("worker %s stopped: %s", self.worker_id, self.stats)
 
     def _on_signal(self) -> None:
         log.info("worker %s: signal received, stopping", self.worker_id)
         self.stop()
 
-    # ------------------------------------------------------------------------------- loops
+    # -------------------------------------------------------------------------------- loop
 
-    async def _claim_loop(self, runtime: AsyncRuntime) -> None:
-        while not self._stopping:
-            free = self.concurrency - len(self._running)
-            if free <= 0:
-                await runtime.sleep(self.heartbeat_interval)  # woken when a handler ends
-                continue
-            leases = await self._claim(free)
-            if not leases:
-                await runtime.sleep(self.idle_poll.empty())
-                continue
-            self.idle_poll.found()
-            for lease in leases:
-                with self._lock:
-                    self._running[(lease.group_id, lease.seq)] = lease
-                runtime.spawn(self._handle, runtime, lease)
-
-    async def _claim(self, n: int) -> list[Lease]:
-        floor = self.priority.next_floor()
-        started = time.monotonic()
-        try:
-            leases = await self.transport.claim_many(self.worker_id, self.visibility, n, floor)
-            if not leases and floor > 0:
-                leases = await self.transport.claim_many(self.worker_id, self.visibility, n, 0)
-        except QueueError as exc:
-            self.stats.claim_errors += 1
-            log.warning("worker %s: claim failed: %s", self.worker_id, exc)
-            return []
-        finally:
-            self.stats.record_claim(time.monotonic() - started)
-        self.stats.claimed += len(leases)
-        return leases
-
-    async def _handle(self, runtime: AsyncRuntime, lease: Lease) -> None:
-        context = {"group": lease.group_id, "seq": lease.seq, "attempts": lease.attempts}
-        try:
+    async def _loop(self, runtime: AsyncRuntime, until_empty: bool) -> None:
+        idle = False
+        floor_again = False
+        errors = 0
+        give_up_at: float | None = None
+        while True:
+            self._collect()
+            now = time.monotonic()
+            if self._stopping and give_up_at is None:
+                give_up_at = now + self.grace
+                if self._running:
+                    log.info(
+                        "worker %s: waiting up to %.1fs for %d handlers",
+                        self.worker_id,
+                        self.grace,
+                        len(self._running),
+                    )
+            if give_up_at is not None and now >= give_up_at and self._running:
+                self._give_back_running()
+            extend = self._due_heartbeats()
+            free = 0 if self._stopping else self.concurrency - len(self._running)
+            if not self._pending and not extend:
+                if self._stopping and not self._running:
+                    return
+                if free == 0 or (idle and not await self._worth_claiming(runtime)):
+                    await runtime.wait(self._next_wake(give_up_at, idle and free > 0))
+                    continue
+            floor = 0 if floor_again else self.priority.next_floor()
+            pending = self._pending.take()
+            started = time.monotonic()
             try:
-                await runtime.call(self.handler, lease)
-            except Exception as exc:
-                await self._failed(lease, exc, context)
-            else:
-                await self._finish(lease, context)
-        except LeaseLost:
-            self.stats.leases_lost += 1
-            log.warning("lease lost, result dropped: group %(group)s seq %(seq)s", context)
+                result = await self.transport.settle_and_claim(
+                    self.worker_id,
+                    self.visibility,
+                    free,
+                    ack=pending.ack,
+                    nack=pending.nack,
+                    extend=extend,
+                    dead=pending.dead,
+                    hold_dead=self.hold_group_on_dead_letter,
+                    min_priority=floor,
+                )
+            except PERMANENT as exc:
+                log.error("worker %s: stopping: %s", self.worker_id, exc)
+                raise
+            except QueueError as exc:
+                self._pending.put_back(pending)
+                self.stats.claim_errors += 1
+                errors += 1
+                log.warning("worker %s: round trip failed: %s", self.worker_id, exc)
+                await runtime.wait(min(MAX_ERROR_WAIT, 0.05 * 2**errors))
+                continue
+            errors = 0
+            self.stats.rounds += 1
+            if free:
+                self.stats.record_claim(time.monotonic() - started)
+            self._settled(pending, result, extend)
+            floor_again = floor > 0 and len(result.leases) < free
+            idle = free > 0 and not result.leases and not floor_again
+            if until_empty and idle and not self._running and not self._pending:
+                return
+            for lease in result.leases:
+                key = (lease.group_id, lease.seq)
+                self._running[key] = lease
+                runtime.start(self.handler, lease, key, self._on_done)
+
+    async def _worth_claiming(self, runtime: AsyncRuntime) -> bool:
+        """Idle: is a claim worth a write? A node-local read decides."""
+        self.stats.probes += 1
+        try:
+            probe = await self.transport.probe(0)
+        except PERMANENT:
+            raise
         except QueueError as exc:
-            # The backend stayed unreachable past the transport's deadline: the lease will
-            # lapse and the message come back (at least once).
-            log.error("could not finish group %s seq %s: %s", lease.group_id, lease.seq, exc)
-        finally:
-            with self._lock:
-                self._running.pop((lease.group_id, lease.seq), None)
-            runtime.wake()
-
-    async def _finish(self, lease: Lease, context: dict[str, Any]) -> None:
-        current = self._current(lease)
-        if current is None:
-            return  # nacked at shutdown while the handler ran
-        await self.transport.ack(current)
-        self.stats.acked += 1
-        log.debug("acked group %(group)s seq %(seq)s", context)
-
-    async def _failed(self, lease: Lease, exc: Exception, context: dict[str, Any]) -> None:
-        current = self._current(lease)
-        if current is None:
-            return
-        if lease.attempts >= self.max_attempts:
-            reason = failure_reason(exc)
-            await self.transport.dead_letter(current, reason)
-            self.stats.dead_lettered += 1
-            log.error(
-                "dead-lettered group %(group)s seq %(seq)s after %(attempts)s attempts: %(r)s",
-                {**context, "r": reason},
-            )
-            return
-        delay = self.backoff.delay(lease.attempts, self._rng)
-        await self.transport.nack(current, delay)
-        self.stats.nacked += 1
-        log.warning(
-            "handler failed for group %(group)s seq %(seq)s (attempt %(attempts)s), "
-            "retrying in %(delay).2fs: %(exc)s",
-            {**context, "delay": delay, "exc": failure_reason(exc)},
+            log.warning("worker %s: probe failed: %s", self.worker_id, exc)
+            return False
+        return probe.claimable or (
+            probe.next_due is not None and probe.next_due <= self.transport.clock()
         )
 
-    def _current(self, lease: Lease) -> Lease | None:
-        """The lease as last extended (its token never changes), or None once released."""
-        with self._lock:
-            return self._running.get((lease.group_id, lease.seq))
+    def _next_wake(self, give_up_at: float | None, polling: bool) -> float:
+        """How long to wait for a handler to finish: until the next heartbeat is due, the
+        grace period ends, or (idle) the next poll."""
+        now = time.monotonic()
+        wait = self.heartbeat_interval
+        if polling:
+            wait = min(wait, self.poll_interval)
+        if give_up_at is not None:
+            wait = min(wait, max(0.0, give_up_at - now) + 0.001)
+        return wait
 
-    async def _heartbeats(self, runtime: AsyncRuntime) -> None:
-        while not self._stopping or self._running:
-            now = self.transport.clock()
-            with self._lock:
-                due = [
-                    lease
-                    for lease in self._running.values()
-                    if heartbeat_due(lease, now, self.visibility)
-                ]
-            for lease in due:
-                try:
-                    extended = await self.transport.extend(lease, self.visibility)
-                except LeaseLost:
-                    log.warning(
-                        "heartbeat: lease lost for group %s seq %s", lease.group_id, lease.seq
-                    )
-                    continue
-                except QueueError as exc:
-                    log.warning("heartbeat failed for group %s: %s", lease.group_id, exc)
-                    continue
-                self.stats.extended += 1
-                with self._lock:
-                    key = (lease.group_id, lease.seq)
-                    if key in self._running:
-                        self._running[key] = extended
-            await runtime.sleep(self.heartbeat_interval)
+    # ---------------------------------------------------------------------------- handlers
 
-    async def _wind_down(self, runtime: AsyncRuntime) -> None:
-        """Let running handlers finish within the grace period; nack what is left."""
-        if self._running:
-            log.info("worker %s: waiting up to %.1fs for %d handlers", self.worker_id,
-                     self.grace, len(self._running))  # fmt: skip
-        finished = await runtime.wait_all(self.grace)
-        if finished:
-            return
-        with self._lock:
-            leftover = list(self._running.values())
-            self._running.clear()
-        for lease in leftover:
-            try:
-                await self.transport.nack(lease, 0)
-                self.stats.nacked += 1
-                log.warning("shutdown: nacked group %s seq %s", lease.group_id, lease.seq)
-            except QueueError as exc:
-                log.error(
-                    "shutdown: could not nack group %s: %s (it will lapse)", lease.group_id, exc
-                )
-        runtime.cancel_all()
+    def _on_done(self, key: tuple[str, int], exc: BaseException | None) -> None:
+        # On a handler's thread (Worker) or the event loop (AsyncWorker).
+        self._finished.append((key, exc))
+        if self._runtime is not None:
+            self._runtime.wake()
+
+    def _collect(self) -> None:
+        """Turn finished handlers into what the next round trip settles."""
+        while self._finished:
+            key, exc = self._finished.popleft()
+            lease = self._running.pop(key, None)
+            if lease is None:
+                continue  # given back at shutdown while its handler ran
+            verdict = self.policy.verdict(lease, exc, self._rng)
+            if verdict.kind == "ack":
+                self._pending.ack.append(lease)
+            elif verdict.kind == "nack":
+                self._pending.nack.append((lease, verdict.delay))
+                _log_failure(lease, exc, verdict, self.worker_id)
+            else:
+                self._pending.dead.append((lease, verdict.reason))
+                _log_failure(lease, exc, verdict, self.worker_id)
+
+    def _give_back_running(self) -> None:
+        """The grace period is over: give back what still runs (it can be claimed again now)."""
+        for lease in self._running.values():
+            self._pending.nack.append((lease, 0.0))
+            log.warning(
+                "shutdown: giving back group %s seq %s",
+                lease.group_id,
+                lease.seq,
+                extra=_fields(lease, self.worker_id),
+            )
+        self._running.clear()
+
+    def _due_heartbeats(self) -> list[Lease]:
+        now = self.transport.clock()
+        return [
+            lease for lease in self._running.values() if heartbeat_due(lease, now, self.visibility)
+        ]
+
+    def _settled(self, pending: _Pending, result: Round, extend: list[Lease]) -> None:
+        lost = {id(lease) for lease in result.lost}
+        for lease in result.lost:
+            self.stats.leases_lost += 1
+            log.warning(
+                "lease lost, result dropped: group %s seq %s",
+                lease.group_id,
+                lease.seq,
+                extra=_fields(lease, self.worker_id),
+            )
+        self.stats.claimed += len(result.leases)
+        self.stats.acked += sum(id(lease) not in lost for lease in pending.ack)
+        self.stats.nacked += sum(id(lease) not in lost for lease, _ in pending.nack)
+        self.stats.dead_lettered += sum(id(lease) not in lost for lease, _ in pending.dead)
+        self.stats.extended += len(result.extended)
+        for lease in result.extended:
+            key = (lease.group_id, lease.seq)
+            if key in self._running:
+                self._running[key] = lease
+        for lease in extend:
+            if id(lease) in lost:
+                # Taken over: its handler's result will be dropped when it finishes.
+                self._running.pop((lease.group_id, lease.seq), None)
+
+
+def _fields(lease: Lease, worker_id: str) -> dict[str, Any]:
+    return {
+        "group_id": lease.group_id,
+        "seq": lease.seq,
+        "attempts": lease.attempts,
+        "worker_id": worker_id,
+    }
+
+
+def _log_failure(lease: Lease, exc: BaseException | None, verdict: Verdict, worker: str) -> None:
+    extra = _fields(lease, worker)
+    if verdict.kind == "dead":
+        log.error(
+            "dead-lettered group %s seq %s after %s attempts: %s",
+            lease.group_id,
+            lease.seq,
+            lease.attempts,
+            verdict.reason,
+            exc_info=exc,
+            extra=extra,
+        )
+    else:
+        log.warning(
+            "handler failed for group %s seq %s (attempt %s), retrying in %.2fs: %s",
+            lease.group_id,
+            lease.seq,
+            lease.attempts,
+            verdict.delay,
+            verdict.reason,
+            exc_info=exc,
+            extra=extra,
+        )
+
+
+def _positive_int(value: object, name: str, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
+        raise InvalidArgument(f"{name} must be an int in 1-{high}, got {value!r}")
+
+
+def _positive(value: object, name: str, *, allow_zero: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidArgument(f"{name} must be a number of seconds, got {value!r}")
+    if not (value >= 0 if allow_zero else value > 0) or value != value or value == float("inf"):
+        raise InvalidArgument(f"{name} must be a finite number of seconds > 0, got {value!r}")

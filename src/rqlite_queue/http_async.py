@@ -1,0 +1,65 @@
+"""The asyncio HTTP requests to rqlite, with aiohttp: keep-alive pools, TLS, timeouts, and the
+least client CPU per request of the async clients measured in `bench/http_clients.py`."""
+
+from __future__ import annotations
+
+import ssl
+import time
+
+import aiohttp
+
+from ._async.rqlite_client import AsyncRqliteClient
+from .http_sync import POOL_SIZE
+from .rqlite_http import Endpoints, NoReply, NotSent, Outcome, Reply, Send
+
+
+class AiohttpClient(AsyncRqliteClient):
+    def __init__(
+        self,
+        endpoints: Endpoints,
+        *,
+        timeout: float = 10.0,
+        verify: bool | str = True,  # or the path of a CA file
+    ) -> None:
+        super().__init__(endpoints, timeout=timeout)
+        self._ssl: ssl.SSLContext | bool = True
+        if isinstance(verify, str):
+            self._ssl = ssl.create_default_context(cafile=verify)
+        elif verify is False:
+            self._ssl = False
+        self._auth = aiohttp.BasicAuth(*endpoints.auth) if endpoints.auth is not None else None
+        self._session: aiohttp.ClientSession | None = None
+
+    def _open(self) -> aiohttp.ClientSession:
+        # Made on first use: a session belongs to the event loop that runs it.
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=POOL_SIZE, ssl=self._ssl),
+                auth=self._auth,
+                headers={"Content-Type": "application/json"},
+                skip_auto_headers=("User-Agent",),
+            )
+        return self._session
+
+    async def _post(self, send: Send, path: str, body: bytes) -> Outcome:
+        session = self._open()
+        sent_at = time.time()
+        timeout = aiohttp.ClientTimeout(total=send.timeout, sock_connect=send.timeout)
+        try:
+            async with session.post(
+                self.endpoints.urls[send.node] + path,
+                data=body,
+                timeout=timeout,
+                allow_redirects=False,
+            ) as response:
+                content = await response.read()
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+            return NotSent(str(exc))
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            return NoReply(repr(exc))
+        return Reply(response.status, content, response.headers.get("Date"), sent_at, time.time())
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
