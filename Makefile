@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup rqlited test lint typecheck unit docs demo bench chaos generate clean
+.PHONY: setup rqlited test lint typecheck unit unit-fast docs demo bench chaos generate clean
 
 setup: $(STAMP) rqlited
 
@@ -30,6 +30,10 @@ typecheck: $(STAMP)
 
 unit: setup
 	RQLITED="$$(scripts/build-rqlited)" $(BIN)/pytest -q $(PYTEST_ARGS)
+
+# Seconds, without Go or rqlited: the pure core on canned results, the embedded backend.
+unit-fast: $(STAMP)
+	$(BIN)/pytest -q -m "not rqlite and not slow" $(PYTEST_ARGS)
 
 # The documentation site (mkdocs.yml, docs/): fails on any warning; output in site/.
 docs: $(STAMP)

@@ -73,6 +73,19 @@ def make_cluster(rqlited_binary: str) -> Iterator[Callable[..., Cluster]]:
             cluster.stop()
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark `rqlite` every test that needs a real rqlited (every cluster fixture depends on
+    `rqlited_binary`; backends chosen by parameter are named rqlite*), so that
+    `pytest -m "not rqlite"` (`make unit-fast`) runs without Go or rqlited."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        values = callspec.params.values() if callspec is not None else ()
+        if "rqlited_binary" in getattr(item, "fixturenames", ()) or any(
+            isinstance(v, str) and v.startswith("rqlite") for v in values
+        ):
+            item.add_marker(pytest.mark.rqlite)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> Iterator[None]:
     """Fail the run if any rqlited started by the harness is still alive at the very end.

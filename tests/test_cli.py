@@ -527,6 +527,7 @@ def _lines(stream: IO[str]) -> queue_module.Queue[str]:
     return lines
 
 
+@pytest.mark.rqlite
 def test_cluster_up_serves_until_sigint_and_leaves_no_process(tmp_path: Path) -> None:
     assert EXE is not None
     before = _rqlited_pids()

@@ -209,7 +209,7 @@ def exchange(
                 if write:
                     nodes.advance()
                     raise
-                failure = exc
+                failure = Unavailable(str(exc))  # a read changes nothing: simply not done
         elif isinstance(outcome, NotSent):
             failure = Unavailable(f"cannot reach rqlite node {node + 1}: {outcome.error}")
         elif isinstance(outcome, NoReply):

@@ -591,22 +591,27 @@ def _claim(b: _Builder, n: Names, c: Claim, now: float) -> None:
     `min_priority` that were claimed least recently (never-claimed first, then creation
     order). Safe to resend with the same token and `until`: a resend that finds the groups
     this token already took returns them instead of taking more."""
-    mine = {"until": c.until, "token": c.token}
+    mine = {"u": c.until, "k": c.token}
+    ready = ""
     if c.min_priority == 0:
         # Every claimable group, in round-robin order: one probe of the all-ready index.
         pick = (
             f"SELECT rowid FROM {n.groups} WHERE ready = 1 AND held = 0 "
-            f"ORDER BY turn, rowid LIMIT :count"
+            f"ORDER BY turn, rowid LIMIT :n"
         )
     else:
         # One probe of the per-priority index for each level >= the floor, each already in
-        # round-robin order; the union of those few rows is then ordered.
+        # round-robin order; the union of those few rows is then ordered. (`r` is inlined in
+        # each, never materialised: it only keeps the text short.)
+        ready = (
+            f"WITH r(i, t, p) AS NOT MATERIALIZED (SELECT rowid, turn, priority "
+            f"FROM {n.groups} WHERE ready = 1 AND held = 0) "
+        )
         per_level = " UNION ALL ".join(
-            f"SELECT * FROM (SELECT rowid r, turn t FROM {n.groups} "
-            f"WHERE ready = 1 AND held = 0 AND priority = {level} ORDER BY t, r LIMIT :count)"
+            f"SELECT * FROM (SELECT i, t FROM r WHERE p = {level} ORDER BY t, i LIMIT :n)"
             for level in range(MAX_PRIORITY, c.min_priority - 1, -1)
         )
-        pick = f"SELECT r FROM ({per_level}) ORDER BY t, r LIMIT :count"
+        pick = f"SELECT i FROM ({per_level}) ORDER BY t, i LIMIT :n"
     # Lapsed leases and ended parks rejoin the ready index (token kept: a lapsed lease that
     # nobody takes over may still be acked).
     b.add(
@@ -615,19 +620,18 @@ def _claim(b: _Builder, n: Names, c: Claim, now: float) -> None:
     )
     b.add(f"UPDATE {n.meta} SET value = value + 1 WHERE key = 'turn'")
     b.add(
-        f"UPDATE {n.groups} SET ready = 0, parked = 0, until = :until, token = :token, "
-        f"attempts = attempts + 1, head = (SELECT min(seq) FROM {n.messages} m "
-        f"WHERE m.group_id = {n.groups}.group_id), "
-        f"turn = (SELECT value FROM {n.meta} WHERE key = 'turn') "
-        f"WHERE rowid IN ({pick}) AND NOT EXISTS (SELECT 1 FROM {n.groups} "
-        f"WHERE ready = 0 AND until = :until AND token = :token)",
-        {**mine, "count": c.count},
+        f"{ready}UPDATE {n.groups} AS g SET ready = 0, until = :u, "
+        f"token = :k, attempts = attempts + 1, head = (SELECT min(seq) FROM {n.messages} m "
+        f"WHERE m.group_id = g.group_id), turn = (SELECT value FROM {n.meta} WHERE key = 'turn') "
+        f"WHERE g.rowid IN ({pick}) AND NOT EXISTS (SELECT 1 FROM {n.groups} "
+        f"WHERE ready = 0 AND until = :u AND token = :k)",
+        {**mine, "n": c.count},
     )
     # The heads of the groups this claim took (found through the busy index on `until`).
     b.add(
         f"SELECT m.seq, m.group_id, m.event, g.attempts, g.until "
         f"FROM {n.groups} g JOIN {n.messages} m ON m.seq = g.head "
-        f"WHERE g.ready = 0 AND g.until = :until AND g.token = :token ORDER BY g.rowid",
+        f"WHERE g.ready = 0 AND g.until = :u AND g.token = :k ORDER BY g.rowid",
         mine,
         slot="leased",
     )

@@ -1,0 +1,169 @@
+"""The core's plans read with canned results, as h11 is tested with plain values: no backend.
+Also the shape rules every batch must keep on rqlite (short statement texts, few statements)."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+
+from rqlite_queue import EncodeError, InvalidArgument, Lease, LeaseLost, TransportClosed, sql
+from rqlite_queue.core import QueueCore
+
+NOW = 1_800_000_000.0
+LONGEST_QUEUE = "q" * 40
+RQLITE_GZIP_TEXT = 1024  # rqlite gzips a request with a statement this long...
+RQLITE_GZIP_COUNT = 50  # ...or this many statements
+
+
+def core(queue: str = "t", chance: float = 0.99, **options: Any) -> QueueCore:
+    tokens = itertools.count(1)
+    return QueueCore(
+        queue=queue,
+        clock=lambda: NOW,
+        token=lambda: f"T{next(tokens)}",
+        chance=lambda: chance,
+        **options,
+    )
+
+
+def reply(batch: sql.Batch, **by_slot: sql.Result) -> sql.Reply:
+    """Results for `batch`: the named slots as given, every other statement empty."""
+    results = [sql.Result() for _ in batch.statements]
+    for slot, result in by_slot.items():
+        results[batch.slots[slot]] = result
+    return sql.Reply(batch, results)
+
+
+def lease(seq: int, group: str, token: str = "w:T0") -> Lease:
+    return Lease(seq, group, {"n": seq}, token, 1, NOW + 30)
+
+
+def test_a_claim_reads_its_leases_and_a_resend_reads_the_same() -> None:
+    plan = core().claim("w", 30, 2, 0)
+    rows = [[7, "a", '{"n":7}', 1, NOW + 30], [9, "b", '{"n":9}', 2, NOW + 30]]
+    canned = reply(plan.batch, leased=sql.Result(rows=rows))
+    leases = plan.read(canned)
+    assert [(x.seq, x.group_id, x.event, x.attempts) for x in leases] == [
+        (7, "a", {"n": 7}, 1),
+        (9, "b", {"n": 9}, 2),
+    ]
+    assert {x.token for x in leases} == {"w:T1"}
+    assert plan.replay is not None and plan.replay(canned) == leases
+
+
+def test_the_same_sources_make_the_same_batch() -> None:
+    first = core().round(worker_id="w", n=3, ack=[lease(1, "a")])
+    second = core().round(worker_id="w", n=3, ack=[lease(1, "a")])
+    assert first.batch == second.batch
+
+
+def test_an_ack_that_did_not_hold_raises_lease_lost_but_not_on_a_resend() -> None:
+    held = lease(1, "a")
+    plan = core().ack([held])
+    with pytest.raises(LeaseLost) as lost:
+        plan.read(reply(plan.batch, finished=sql.Result(rows_affected=0)))
+    assert lost.value.leases == [held]
+    plan.read(reply(plan.batch, finished=sql.Result(rows_affected=1)))
+    assert plan.replay is not None
+    plan.replay(reply(plan.batch, finished=sql.Result(rows_affected=0)))
+
+
+def test_a_round_names_the_settlements_that_did_not_hold_in_the_order_given() -> None:
+    a, b, c = lease(1, "a"), lease(2, "b"), lease(3, "c")
+    plan = core().round(ack=[a, b, a], nack=[(c, 5)])
+    canned = reply(plan.batch, lost=sql.Result(rows=[[1]]))  # b (index 1 of the unique ones)
+    assert plan.read(canned).lost == [b, a]  # a's repeat never holds
+
+
+def test_publish_reads_new_and_deduplicated_seqs() -> None:
+    plan = core().publish_many(
+        [
+            ("g", 1),
+            {"group_id": "g", "event": 2, "dedup_id": "old"},
+            {"group_id": "g", "event": 3, "dedup_id": "new"},
+            {"group_id": "h", "event": 4, "dedup_id": "new"},  # repeat within the batch
+            ("h", 5),
+        ]
+    )
+    canned = reply(
+        plan.batch,
+        inserted=sql.Result(rows_affected=3, last_insert_id=12),
+        dedup=sql.Result(rows=[["old", 4], ["new", 11]]),
+    )
+    assert plan.read(canned) == [10, 4, 11, 11, 12]
+    assert plan.replay is None  # not every item has a dedup id: a resend could duplicate
+
+
+def test_a_publish_with_dedup_ids_everywhere_is_resent() -> None:
+    plan = core(dedup_key=lambda event: f"id-{event}").publish("g", 5)
+    assert plan.replay is not None
+
+
+@pytest.mark.parametrize(
+    ("call", "error"),
+    [
+        (lambda c: c.publish("g\ud800", 1), InvalidArgument),
+        (lambda c: c.publish("g", "\ud800"), EncodeError),
+        (lambda c: c.publish("g", 1, dedup_id="\udfff"), InvalidArgument),
+        (lambda c: c.claim("w", float("inf"), 1, 0), InvalidArgument),
+        (lambda c: c.claim("w", float("nan"), 1, 0), InvalidArgument),
+        (lambda c: c.nack(lease(1, "a"), float("nan")), InvalidArgument),
+        (lambda c: c.nack(lease(1, "a"), -1), InvalidArgument),
+        (lambda c: c.claim("w", 30, 2**70, 0), InvalidArgument),
+        (lambda c: c.dead_letter(lease(1, "a"), "\ud800"), InvalidArgument),
+        (lambda c: c.publish("g" * 2000, 1), InvalidArgument),
+    ],
+)
+def test_bad_input_is_refused_before_any_statement(call: Any, error: type) -> None:
+    with pytest.raises(error):
+        call(core())
+
+
+def test_a_closed_core_refuses_every_plan() -> None:
+    c = core()
+    c.closed = True
+    for call in (lambda: c.publish("g", 1), lambda: c.claim("w", 30, 1, 0), c.stats):
+        with pytest.raises(TransportClosed):
+            call()
+
+
+def every_batch(c: QueueCore) -> dict[str, sql.Batch]:
+    many = [lease(i, f"g{i}") for i in range(1, 501)]
+    return {
+        "setup": c.bootstrap().batch,
+        "create": sql.create(c.names),
+        "migrate": sql.migrate(c.names, 1),
+        "publish_many": c.publish_many(
+            [{"group_id": f"g{i}", "event": i, "dedup_id": f"d{i}"} for i in range(500)]
+        ).batch,
+        "round": c.round(
+            worker_id="w" * 500,
+            n=64,
+            min_priority=1,
+            ack=many[:100],
+            nack=[(x, 5) for x in many[100:200]],
+            extend=many[200:300],
+            dead=[(x, "why") for x in many[300:400]],
+            hold_dead=True,
+        ).batch,
+        "claim floor 1": c.claim("w", 30, 64, 1).batch,
+        "probe": c.probe(1).batch,
+        "stats": c.stats().batch,
+        "requeue": c.requeue_dead([1, 2, 3]).batch,
+        "hold": c.hold("g").batch,
+        "peek": c.peek("g", 10).batch,
+    }
+
+
+@pytest.mark.parametrize("name", list(every_batch(core(LONGEST_QUEUE, chance=0.0))))
+def test_batches_stay_under_rqlites_compression_thresholds(name: str) -> None:
+    """A batch of any size keeps every statement's text short and the statements few (the
+    prune coin is forced to land, so the optional statements are in)."""
+    batch = every_batch(core(LONGEST_QUEUE, chance=0.0))[name]
+    if name in ("create", "migrate"):
+        return  # run once per database, not on the hot path
+    assert len(batch.statements) < RQLITE_GZIP_COUNT
+    for statement in batch.statements:
+        assert len(statement.sql) < RQLITE_GZIP_TEXT, statement.sql
