@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import subprocess
 import sys
 import threading
@@ -15,8 +16,18 @@ from typing import Any
 
 import pytest
 
-from rqlite_queue import AsyncTransport, Lease, Transport
-from rqlite_queue.worker import AsyncWorker, Backoff, Worker
+from rqlite_queue import (
+    AsyncTransport,
+    InvalidArgument,
+    Lease,
+    SchemaError,
+    SqliteTransport,
+    Transport,
+    TransportClosed,
+)
+from rqlite_queue.cluster import Cluster
+from rqlite_queue.sql import Batch, Statement
+from rqlite_queue.worker import AsyncWorker, Backoff, Park, Worker
 
 
 @pytest.fixture
@@ -235,3 +246,170 @@ print("nacked", worker.stats.nacked)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "nacked 1"
     assert time.monotonic() - started < 15
+
+
+def test_non_retryable_errors_are_dead_lettered_at_once(url: str, queue: str) -> None:
+    q = Transport.from_url(url, queue=queue)
+    q.publish_many([("card", "declined"), ("card", "next")])
+
+    def handler(lease: Lease) -> None:
+        if lease.event == "declined":
+            raise PermissionError("card declined")
+
+    worker = Worker(q, handler, max_attempts=5, non_retryable=(PermissionError,))
+    run_sync(worker, lambda: worker.stats.acked == 1)
+    [dead] = q.dead_letters()
+    assert (dead.event, dead.attempts, dead.reason) == (
+        "declined",
+        1,
+        "PermissionError: card declined",
+    )
+    q.close()
+
+
+def test_park_puts_the_message_back_for_the_chosen_delay_and_never_dead_letters(
+    tmp_path: Path,
+) -> None:
+    q = Transport.from_url(f"sqlite:///{tmp_path}/q.db")
+    q.publish_many([("rate-limited", 1), ("rate-limited", 2)])
+    calls: list[tuple[Any, float]] = []
+
+    def handler(lease: Lease) -> None:
+        calls.append((lease.event, time.monotonic()))
+        if lease.event == 1 and lease.attempts < 3:
+            raise Park(0.3, "API rate limit")
+
+    worker = Worker(q, handler, max_attempts=1, poll_interval=0.02)
+    run_sync(worker, lambda: worker.stats.acked == 2)
+    assert [event for event, _ in calls] == [1, 1, 1, 2]  # order kept, parked twice
+    assert calls[1][1] - calls[0][1] >= 0.3
+    assert q.dead_letters() == [] and worker.stats.nacked == 2
+    q.close()
+
+
+def test_a_dead_letter_can_hold_its_group_until_released(url: str, queue: str) -> None:
+    q = Transport.from_url(url, queue=queue)
+    q.publish_many([("order", "charge"), ("order", "ship"), ("other", 1)])
+
+    def handler(lease: Lease) -> None:
+        if lease.event == "charge":
+            raise ValueError("declined")
+
+    seen: list[Any] = []
+    worker = Worker(
+        q,
+        lambda lease: (seen.append(lease.event), handler(lease)),
+        max_attempts=1,
+        hold_group_on_dead_letter=True,
+    )
+    run_sync(worker, lambda: worker.stats.dead_lettered == 1 and worker.stats.acked == 1)
+    assert "ship" not in seen  # the later step did not run after the earlier one died
+    stats = q.stats()
+    assert (stats.held, stats.depth) == (1, 1)
+    assert q.release_group("order")
+    assert q.claim("w", 30).event == "ship"
+    q.close()
+
+
+def test_until_empty_returns_once_the_queue_is_drained(url: str, queue: str) -> None:
+    q = Transport.from_url(url, queue=queue)
+    q.publish_many([(f"g{i % 3}", i) for i in range(12)])
+    done: list[int] = []
+    worker = Worker(q, lambda lease: done.append(lease.event), concurrency=3)
+    worker.run(handle_signals=False, until_empty=True)
+    assert sorted(done) == list(range(12)) and q.stats().depth == 0
+    q.close()
+
+
+def test_permanent_errors_stop_the_worker(tmp_path: Path) -> None:
+    path = f"{tmp_path}/q.db"
+    q = Transport.from_url(f"sqlite:///{path}", queue="newer")
+    q._executor.execute(  # what a future version of the library would have written
+        Batch((Statement("UPDATE rq_newer_meta SET value = 99 WHERE key = 'schema_version'"),)),
+        time.monotonic() + 10,
+    )
+    q.close()
+    fresh = SqliteTransport(path, queue="newer")
+    with pytest.raises(SchemaError):
+        Worker(fresh, lambda lease: None).run(handle_signals=False)
+    closed = Transport.from_url(f"sqlite:///{tmp_path}/other.db")
+    closed.close()
+    with pytest.raises(TransportClosed):
+        Worker(closed, lambda lease: None).run(handle_signals=False)
+
+
+def test_a_handler_of_the_wrong_kind_is_refused_at_construction(tmp_path: Path) -> None:
+    q = Transport.from_url(f"sqlite:///{tmp_path}/q.db")
+
+    async def handler(lease: Lease) -> None:
+        return None
+
+    with pytest.raises(InvalidArgument, match="AsyncWorker"):
+        Worker(q, handler)
+    with pytest.raises(InvalidArgument):
+        Worker(q, "not callable")  # type: ignore[arg-type]
+    q.close()
+
+
+def test_a_failure_log_line_carries_the_traceback_and_the_message_fields(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    q = Transport.from_url(f"sqlite:///{tmp_path}/q.db")
+    q.publish("g", "boom")
+
+    def handler(lease: Lease) -> None:
+        raise RuntimeError("it broke")
+
+    worker = Worker(q, handler, max_attempts=1)
+    with caplog.at_level(logging.ERROR, logger="rqlite_queue.worker"):
+        run_sync(worker, lambda: worker.stats.dead_lettered == 1)
+    [record] = [r for r in caplog.records if "dead-lettered" in r.getMessage()]
+    assert record.exc_info is not None and record.exc_info[0] is RuntimeError
+    fields = {k: getattr(record, k) for k in ("group_id", "seq", "attempts", "worker_id")}
+    assert fields == {"group_id": "g", "seq": 1, "attempts": 1, "worker_id": worker.worker_id}
+    q.close()
+
+
+def raft_index(cluster: Cluster) -> int:
+    return int(cluster.leader().status()["store"]["raft"]["last_log_index"])
+
+
+def test_one_raft_entry_per_message_at_concurrency_one_and_none_when_idle(
+    cluster3: Cluster, queue: str
+) -> None:
+    q = Transport.from_url(cluster3.url, queue=queue)
+    q.publish_many([(f"g{i % 7}", i) for i in range(60)])
+    done: list[int] = []
+    worker = Worker(q, lambda lease: done.append(lease.event), concurrency=1, poll_interval=0.02)
+    before = raft_index(cluster3)
+    thread = threading.Thread(target=worker.run, kwargs={"handle_signals": False})
+    thread.start()
+    deadline = time.monotonic() + 30
+    while len(done) < 60 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.3)  # the last ack went with the next (empty) claim
+    drained = raft_index(cluster3)
+    # One write per message (the last one's ack rides with a claim that finds nothing).
+    assert len(done) == 60 and drained - before <= 61
+    time.sleep(1.5)  # idle: reads only
+    assert raft_index(cluster3) == drained
+    assert worker.stats.probes >= 20
+    q.publish("late", "x")
+    picked = time.monotonic()
+    while "x" not in done and time.monotonic() - picked < 5:
+        time.sleep(0.005)
+    assert "x" in done and time.monotonic() - picked < 0.5
+    worker.stop()
+    thread.join(10)
+    q.close()
+
+
+def test_a_round_settles_and_refills_many_slots_at_once(cluster3: Cluster, queue: str) -> None:
+    q = Transport.from_url(cluster3.url, queue=queue)
+    q.publish_many([(f"g{i}", i) for i in range(400)])
+    done: list[int] = []
+    worker = Worker(q, lambda lease: done.append(lease.event), concurrency=32)
+    run_sync(worker, lambda: len(done) == 400)
+    assert worker.stats.acked == 400
+    assert worker.stats.rounds < 400 / 4  # many messages per write
+    q.close()

@@ -12,6 +12,7 @@ from .core import Probe, Round
 from .errors import (
     AuthError,
     BackendError,
+    ClockSkew,
     DecodeError,
     EncodeError,
     InvalidArgument,
@@ -35,6 +36,7 @@ __all__ = [
     "AuthError",
     "BackendError",
     "Backoff",
+    "ClockSkew",
     "Codec",
     "DeadLetter",
     "DecodeError",

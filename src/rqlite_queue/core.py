@@ -16,6 +16,7 @@ from typing import Any, Generic, TypeVar
 from . import sql
 from .codec import Codec, as_codec
 from .errors import (
+    ClockSkew,
     EncodeError,
     InvalidArgument,
     LeaseLost,
@@ -29,6 +30,9 @@ T = TypeVar("T")
 
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
 DEFAULT_DEDUP_WINDOW = 300.0
+DEFAULT_MAX_SKEW = 0.25
+"""A lease (claim or extend) is refused when this client's clock is proven to be further
+than this fraction of the lease's visibility from the cluster's."""
 MAX_SECONDS = 366 * 24 * 3600.0
 """Longest visibility, delay or window accepted: a year."""
 MAX_ID_BYTES = 1024
@@ -89,6 +93,8 @@ class QueueCore:
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         dedup_window: float = DEFAULT_DEDUP_WINDOW,
         dedup_key: Callable[[Any], str | None] | None = None,
+        clock_skew: Callable[[], float] = lambda: 0.0,
+        max_skew: float = DEFAULT_MAX_SKEW,
     ) -> None:
         if not isinstance(queue, str) or not sql.QUEUE_NAME.fullmatch(queue):
             raise InvalidArgument(
@@ -109,6 +115,12 @@ class QueueCore:
         self.max_payload_bytes = max_payload_bytes
         self.dedup_window = float(dedup_window)
         self.dedup_key = dedup_key
+        if isinstance(max_skew, bool) or not isinstance(max_skew, int | float):
+            raise InvalidArgument(f"max_skew must be a fraction of visibility, got {max_skew!r}")
+        if not 0 <= max_skew <= 1:
+            raise InvalidArgument(f"max_skew must be in [0, 1], got {max_skew!r}")
+        self.clock_skew = clock_skew
+        self.max_skew = float(max_skew)
         self.closed = False
 
     def _now(self) -> float:
@@ -249,6 +261,8 @@ class QueueCore:
         if n:
             _check_id(worker_id, "worker_id")
             token = f"{worker_id}:{self.token()}"
+        if n or plan.extend:
+            self._check_skew(visibility)
         now = self._now()
         until = now + visibility
         if n:
@@ -281,6 +295,17 @@ class QueueCore:
             )
 
         return Plan(batch, read, lambda reply: read(reply, replayed=True))
+
+    def _check_skew(self, visibility: float) -> None:
+        skew = self.clock_skew()
+        if abs(skew) > self.max_skew * visibility:
+            raise ClockSkew(
+                f"this client's clock is {abs(skew):.1f} s {'behind' if skew > 0 else 'ahead of'} "
+                f"the rqlite node's: a {visibility:g} s lease would look "
+                f"{'lapsed early' if skew > 0 else 'held too long'} to other clients; refusing "
+                f"to lease (the limit is {self.max_skew:g} of the visibility, max_skew). "
+                f"Keep clocks in sync (NTP)"
+            )
 
     def claim(
         self, worker_id: str, visibility: float, n: int, min_priority: int

@@ -64,6 +64,12 @@ class AuthError(QueueError):
     """rqlite refused the credentials (HTTP 401/403). Not retried."""
 
 
+class ClockSkew(QueueError):
+    """This client's clock is too far from the cluster's for the lease asked for: other
+    clients would see it lapse early (or late). Nothing was written. Fix the clock (NTP), or
+    ask for a longer visibility, or allow more skew (`max_skew`)."""
+
+
 class TransportClosed(QueueError):
     """The transport was closed: make a new one."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ssl
 import time
+from collections.abc import Callable
 
 import aiohttp
 
@@ -20,8 +21,10 @@ class AiohttpClient(AsyncRqliteClient):
         *,
         timeout: float = 10.0,
         verify: bool | str = True,  # or the path of a CA file
+        skew_warning: float = 1.0,
+        clock: Callable[[], float] = time.time,
     ) -> None:
-        super().__init__(endpoints, timeout=timeout)
+        super().__init__(endpoints, timeout=timeout, skew_warning=skew_warning, clock=clock)
         self._ssl: ssl.SSLContext | bool = True
         if isinstance(verify, str):
             self._ssl = ssl.create_default_context(cafile=verify)
@@ -43,7 +46,7 @@ class AiohttpClient(AsyncRqliteClient):
 
     async def _post(self, send: Send, path: str, body: bytes) -> Outcome:
         session = self._open()
-        sent_at = time.time()
+        sent_at = self.clock()
         timeout = aiohttp.ClientTimeout(total=send.timeout, sock_connect=send.timeout)
         try:
             async with session.post(
@@ -57,7 +60,7 @@ class AiohttpClient(AsyncRqliteClient):
             return NotSent(str(exc))
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             return NoReply(repr(exc))
-        return Reply(response.status, content, response.headers.get("Date"), sent_at, time.time())
+        return Reply(response.status, content, response.headers.get("Date"), sent_at, self.clock())
 
     async def close(self) -> None:
         if self._session is not None:

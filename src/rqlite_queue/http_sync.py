@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ssl
 import time
+from collections.abc import Callable
 
 import urllib3
 from urllib3.exceptions import ConnectTimeoutError, HTTPError, NewConnectionError
@@ -22,8 +23,10 @@ class Urllib3Client(RqliteClient):
         *,
         timeout: float = 10.0,
         verify: bool | str = True,  # or the path of a CA file
+        skew_warning: float = 1.0,
+        clock: Callable[[], float] = time.time,
     ) -> None:
-        super().__init__(endpoints, timeout=timeout)
+        super().__init__(endpoints, timeout=timeout, skew_warning=skew_warning, clock=clock)
         self._headers = {"Content-Type": "application/json"}
         if endpoints.auth is not None:
             self._headers.update(urllib3.make_headers(basic_auth=":".join(endpoints.auth)))
@@ -40,7 +43,7 @@ class Urllib3Client(RqliteClient):
         ]
 
     def _post(self, send: Send, path: str, body: bytes) -> Outcome:
-        sent_at = time.time()
+        sent_at = self.clock()
         try:
             response = self._pools[send.node].urlopen(
                 "POST",
@@ -56,7 +59,7 @@ class Urllib3Client(RqliteClient):
         except (HTTPError, OSError) as exc:
             return NoReply(repr(exc))
         return Reply(
-            response.status, response.data, response.headers.get("Date"), sent_at, time.time()
+            response.status, response.data, response.headers.get("Date"), sent_at, self.clock()
         )
 
     def close(self) -> None:

@@ -10,6 +10,7 @@ not redirect unless asked)."""
 from __future__ import annotations
 
 import json
+import logging
 import random
 import re
 import time
@@ -28,6 +29,8 @@ from .errors import (
     Unavailable,
 )
 from .sql import Batch, Result
+
+log = logging.getLogger("rqlite_queue.rqlite")
 
 # A top-level error that proves the request was not applied: safe to send elsewhere.
 _NOT_APPLIED = ("not leader", "leader not found")
@@ -232,13 +235,29 @@ class ClientState:
     """What the sync and async clients share: the nodes, which one is current, the clock-skew
     estimate per node, the request count; and the `exchange` for a batch."""
 
-    def __init__(self, endpoints: Endpoints, *, timeout: float) -> None:
+    def __init__(
+        self,
+        endpoints: Endpoints,
+        *,
+        timeout: float,
+        skew_warning: float = 1.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.endpoints = endpoints
+        self.clock = clock
+        """The clock whose skew from the nodes' is measured (the one leases are computed with)."""
         self.timeout = timeout
         self.nodes = NodeCursor(len(endpoints.urls))
         self.skew = [SkewEstimate() for _ in endpoints.urls]
+        self.skew_warning = skew_warning
+        self._warned_at = float("-inf")
         self.requests = 0
         """HTTP requests sent (for tests and metrics)."""
+
+    def clock_skew(self) -> float:
+        """How far (seconds, signed: the node's clock minus this client's) the node we talk to
+        is proven to be from this client, from the `Date` of its replies."""
+        return self.skew[self.nodes.current].proven
 
     @property
     def url(self) -> str:
@@ -262,8 +281,20 @@ class ClientState:
 
     def _on_reply(self, reply: Reply, node: int) -> None:
         date = http_date(reply.date) if reply.date else None
-        if date is not None:
-            self.skew[node].add(date, reply.sent_at, reply.received_at)
+        if date is None:
+            return
+        estimate = self.skew[node]
+        estimate.add(date, reply.sent_at, reply.received_at)
+        skew = estimate.proven
+        if abs(skew) > self.skew_warning and reply.received_at - self._warned_at > 60:
+            self._warned_at = reply.received_at
+            log.warning(
+                "the clock of rqlite node %s is %.1f s %s this client's: leases, parks and "
+                "dedup windows are computed with client clocks; keep them in sync (NTP)",
+                self.endpoints.urls[node],
+                abs(skew),
+                "ahead of" if skew > 0 else "behind",
+            )
 
 
 # --------------------------------------------------------------------------- clock skew
@@ -296,12 +327,12 @@ class SkewEstimate:
         return (self.low + self.high) / 2
 
     @property
-    def at_least(self) -> float:
-        """The smallest skew the replies prove, either way (0 if they allow none)."""
+    def proven(self) -> float:
+        """The smallest offset the replies prove, with its sign (0 if they allow none)."""
         if self.low > 0:
             return self.low
         if self.high < 0:
-            return -self.high
+            return self.high
         return 0.0
 
 

@@ -15,6 +15,7 @@ from ..codec import Codec
 from ..core import (
     DEFAULT_DEDUP_WINDOW,
     DEFAULT_MAX_PAYLOAD_BYTES,
+    DEFAULT_MAX_SKEW,
     Plan,
     Probe,
     PublishItem,
@@ -312,7 +313,11 @@ _Self = TypeVar("_Self", bound=Transport)
 class RqliteTransport(Transport):
     """The queue on an rqlite cluster: `url` is `http(s)://[user:pass@]host:port[,host:port]`.
     Each operation is one HTTP request (more only to fail over, or to resend a write whose
-    reply was lost where that is safe). `timeout` bounds each request, `deadline` each call."""
+    reply was lost where that is safe). `timeout` bounds each request, `deadline` each call.
+
+    Clocks: the node's clock is read from the `Date` of its replies (no extra request); a
+    difference above `skew_warning` seconds is logged, and a lease is refused (`ClockSkew`)
+    when the difference exceeds `max_skew` of its visibility."""
 
     def __init__(
         self,
@@ -328,7 +333,16 @@ class RqliteTransport(Transport):
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         dedup_window: float = DEFAULT_DEDUP_WINDOW,
         dedup_key: Callable[[Any], str | None] | None = None,
+        max_skew: float = DEFAULT_MAX_SKEW,
+        skew_warning: float = 1.0,
     ) -> None:
+        _check_timeout(timeout)
+        _check_timeout(skew_warning)
+        if auth is not None and not (
+            isinstance(auth, tuple) and len(auth) == 2 and all(isinstance(a, str) for a in auth)
+        ):
+            raise InvalidArgument("auth must be a (user, password) pair of strings")
+        endpoints = parse_endpoints(url, auth)
         core = QueueCore(
             queue=queue,
             codec=codec,
@@ -338,13 +352,12 @@ class RqliteTransport(Transport):
             max_payload_bytes=max_payload_bytes,
             dedup_window=dedup_window,
             dedup_key=dedup_key,
+            max_skew=max_skew,
         )
-        _check_timeout(timeout)
-        if auth is not None and not (
-            isinstance(auth, tuple) and len(auth) == 2 and all(isinstance(a, str) for a in auth)
-        ):
-            raise InvalidArgument("auth must be a (user, password) pair of strings")
-        self.client = Urllib3Client(parse_endpoints(url, auth), timeout=timeout, verify=verify)
+        self.client = Urllib3Client(
+            endpoints, timeout=timeout, verify=verify, skew_warning=skew_warning, clock=clock
+        )
+        core.clock_skew = self.client.clock_skew
         super().__init__(self.client, core, deadline=deadline)
 
 
