@@ -1,0 +1,75 @@
+"""One deadline per call: failover, resends and request timeouts all fit in it. Tested while
+the cluster cannot answer: its leader and one follower frozen (SIGSTOP: they accept
+connections and never reply, as a partitioned node would), so no quorum is left."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from rqlite_queue import NoLeader, OutcomeUnknown, RqliteTransport, Unavailable
+from rqlite_queue.cluster import Cluster
+
+DEADLINE = 3.0
+TIMEOUT = 1.0
+SLACK = 0.5
+"""What the bound allows beyond the deadline: the time to run the client code after the last
+request gave up (the contract states `deadline` + 0.1 s; this machine is shared and slow)."""
+
+
+def READ(q: Any, lease: Any) -> Any:
+    return q.stats()
+
+
+@pytest.fixture
+def frozen(make_cluster: Callable[..., Cluster]) -> Any:
+    cluster = make_cluster(3)
+    queue = f"dl_{uuid.uuid4().hex[:8]}"
+    q = RqliteTransport(cluster.url, queue=queue, deadline=DEADLINE, timeout=TIMEOUT)
+    q.publish_many([("a", 1), ("b", 2), ("c", 3)])
+    lease = q.claim("w", 60)
+    leader = cluster.leader()
+    other = next(node for node in cluster.nodes if node is not leader)
+    leader.pause()
+    other.pause()
+    yield q, lease
+    leader.resume()
+    other.resume()
+    cluster.wait_ready()
+    q.close()
+
+
+@pytest.mark.parametrize(
+    ("call", "errors"),
+    [
+        (lambda q, lease: q.ack(lease), (OutcomeUnknown, Unavailable)),
+        (lambda q, lease: q.claim("w", 30), (OutcomeUnknown, Unavailable)),
+        (lambda q, lease: q.extend(lease, 30), (OutcomeUnknown, Unavailable)),
+        (lambda q, lease: q.publish("g", 1, dedup_id="x"), (OutcomeUnknown, Unavailable)),
+        (lambda q, lease: q.publish("g", 1), (OutcomeUnknown, Unavailable)),
+        (READ, (Unavailable,)),
+    ],
+    ids=["ack", "claim", "extend", "publish-dedup", "publish", "stats"],
+)
+def test_no_call_outlives_its_deadline_when_the_cluster_cannot_answer(
+    frozen: Any, call: Callable[[Any, Any], Any], errors: tuple[type, ...]
+) -> None:
+    q, lease = frozen
+    started = time.monotonic()
+    with pytest.raises(errors) as raised:
+        call(q, lease)
+    elapsed = time.monotonic() - started
+    assert elapsed <= DEADLINE + SLACK, f"{elapsed:.2f}s: {raised.value!r}"
+    if call is not READ and not isinstance(raised.value, OutcomeUnknown):
+        # "Not applied" may only be said of a write none of whose requests was delivered.
+        assert "reach" in str(raised.value) or isinstance(raised.value, NoLeader), raised.value
+
+
+def test_a_write_sent_and_unanswered_is_outcome_unknown_not_unavailable(frozen: Any) -> None:
+    q, _ = frozen
+    with pytest.raises(OutcomeUnknown):
+        q.publish("g", 1)  # sent to a frozen node, no reply: it may be in the log
