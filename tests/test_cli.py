@@ -23,6 +23,7 @@ import pytest
 
 from rqlite_queue import Transport
 from rqlite_queue.cluster import Cluster, free_port
+from rqlite_queue.sql import Batch, Statement
 
 BIN = Path(sys.executable).parent
 EXE = shutil.which("rqlite-queue", path=str(BIN))
@@ -43,6 +44,9 @@ COMMANDS = [
     ["dlq", "list"],
     ["dlq", "requeue"],
     ["dlq", "purge"],
+    ["group"],
+    ["group", "hold"],
+    ["group", "release"],
     ["cluster"],
     ["cluster", "up"],
     ["demo"],
@@ -428,6 +432,66 @@ def test_sigterm_nacks_a_handler_that_outlasts_grace(
         assert lease is not None and (lease.group_id, lease.event) == ("stuck", "job")
         assert lease.attempts == 2
         queue.ack(lease)
+
+
+def test_burst_drains_then_exits_zero(sqlite_target: Target, tmp_path: Path) -> None:
+    published = _publish_workload(sqlite_target, groups=3, per_group=4)
+    (tmp_path / "handlers.py").write_text(HANDLER)
+    out = tmp_path / "handled.jsonl"
+    result = subprocess.run(
+        [EXE or "", *sqlite_target.args, "worker", "handlers:handle", "--burst"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=cli_env(HANDLER_OUT=str(out)),
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert len(out.read_text().splitlines()) == len(published)
+    assert _depth(sqlite_target) == 0
+
+
+def test_a_worker_stops_with_status_1_on_an_error_no_retry_can_mend(
+    sqlite_target: Target, tmp_path: Path
+) -> None:
+    with sqlite_target.transport() as queue:
+        queue._executor.execute(  # a newer library's schema
+            Batch(
+                (
+                    Statement(
+                        f"UPDATE rq_{sqlite_target.queue}_meta SET value = 99 "
+                        f"WHERE key = 'schema_version'"
+                    ),
+                )
+            ),
+            time.monotonic() + 10,
+        )
+    (tmp_path / "handlers.py").write_text(HANDLER)
+    result = subprocess.run(
+        [EXE or "", *sqlite_target.args, "worker", "handlers:handle"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=cli_env(HANDLER_OUT=str(tmp_path / "out")),
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert "schema version 99" in result.stderr
+
+
+def test_hold_and_release_a_group(sqlite_target: Target) -> None:
+    run(*sqlite_target.args, "publish", "order-7", '"ship"')
+    held = run(*sqlite_target.args, "group", "hold", "order-7")
+    assert held.returncode == 0 and "held order-7" in held.stdout
+    with sqlite_target.transport() as queue:
+        assert queue.claim("w", 30) is None and queue.stats().held == 1
+    released = run(*sqlite_target.args, "group", "release", "order-7")
+    assert released.returncode == 0 and "released order-7" in released.stdout
+    again = run(*sqlite_target.args, "group", "release", "order-7")
+    assert "was not held" in again.stdout
+    with sqlite_target.transport() as queue:
+        lease = queue.claim("w", 30)
+        assert lease is not None and lease.event == "ship"
 
 
 def test_worker_serves_prometheus_metrics(

@@ -466,6 +466,33 @@ def _is_async(handler: Callable[..., Any]) -> bool:
 )
 @click.option("--worker-id", help="Default: host-pid-random.")
 @click.option(
+    "--poll-interval",
+    type=click.FloatRange(min=0, min_open=True),
+    default=0.05,
+    show_default=True,
+    metavar="SECONDS",
+    help="Idle, how often to look for new messages (a read, no write).",
+)
+@click.option(
+    "--non-retryable",
+    "non_retryable",
+    type=HandlerParam(),
+    multiple=True,
+    metavar="module:Exception",
+    help="An exception class (repeatable) whose messages are dead-lettered at once.",
+)
+@click.option(
+    "--hold-on-dead-letter",
+    is_flag=True,
+    help="A dead letter also holds its group: its later messages wait for "
+    "'rqlite-queue group release'.",
+)
+@click.option(
+    "--burst",
+    is_flag=True,
+    help="Stop (exit 0) once a claim finds nothing and every handler has finished.",
+)
+@click.option(
     "--metrics-port",
     type=click.IntRange(0, 65535),
     default=None,
@@ -486,6 +513,10 @@ def worker(
     priority_floor: int,
     grace: float,
     worker_id: str | None,
+    poll_interval: float,
+    non_retryable: tuple[Any, ...],
+    hold_on_dead_letter: bool,
+    burst: bool,
     metrics_port: int | None,
     metrics_host: str,
 ) -> int:
@@ -496,8 +527,15 @@ def worker(
     backoff and dead-letters it after --max-attempts. An 'async def' handler runs on
     asyncio (AsyncWorker), any other in threads (Worker). The current directory is searched
     first for the module. On a signal the worker stops claiming, lets handlers finish within
-    --grace, nacks the rest and exits 0."""
+    --grace, nacks the rest and exits 0. Errors no retry can mend (wrong credentials, a
+    newer schema) stop it with exit status 1."""
     from .worker import Backoff
+
+    for exc_type in non_retryable:
+        if not (isinstance(exc_type, type) and issubclass(exc_type, BaseException)):
+            raise click.BadParameter(
+                f"{exc_type!r} is not an exception class", param_hint="'--non-retryable'"
+            )
 
     options: dict[str, Any] = {
         "concurrency": concurrency,
@@ -508,12 +546,16 @@ def worker(
         "priority_share": min_priority_share,
         "priority_floor": priority_floor,
         "grace": grace,
+        "poll_interval": poll_interval,
+        "non_retryable": non_retryable,
+        "hold_group_on_dead_letter": hold_on_dead_letter,
     }
     _state.exit_hard = True
+    run = {"until_empty": burst}
     if _is_async(handler):
-        asyncio.run(_run_async_worker(config, handler, options, metrics_port, metrics_host))
+        asyncio.run(_run_async_worker(config, handler, options, run, metrics_port, metrics_host))
     else:
-        _run_sync_worker(config, handler, options, metrics_port, metrics_host)
+        _run_sync_worker(config, handler, options, run, metrics_port, metrics_host)
     return 0
 
 
@@ -521,6 +563,7 @@ def _run_sync_worker(
     config: Config,
     handler: Callable[..., Any],
     options: dict[str, Any],
+    run: dict[str, Any],
     metrics_port: int | None,
     metrics_host: str,
 ) -> None:
@@ -535,7 +578,7 @@ def _run_sync_worker(
             server = serve_metrics(runner, metrics_port, host=metrics_host)
             log.info("metrics on http://%s:%d/metrics", metrics_host, server.port)
         try:
-            runner.run()
+            runner.run(**run)
         finally:
             if server is not None:
                 server.stop()
@@ -545,6 +588,7 @@ async def _run_async_worker(
     config: Config,
     handler: Callable[..., Any],
     options: dict[str, Any],
+    run: dict[str, Any],
     metrics_port: int | None,
     metrics_host: str,
 ) -> None:
@@ -560,10 +604,40 @@ async def _run_async_worker(
             server = serve_metrics(runner, metrics_port, host=metrics_host)
             log.info("metrics on http://%s:%d/metrics", metrics_host, server.port)
         try:
-            await runner.run()
+            await runner.run(**run)
         finally:
             if server is not None:
                 server.stop()
+
+
+# ------------------------------------------------------------------------------ groups
+
+
+@cli.group()
+def group() -> None:
+    """One group: hold it (no claim takes it) or release it."""
+
+
+@group.command()
+@click.argument("group_id", metavar="GROUP")
+@click.pass_obj
+def hold(config: Config, group_id: str) -> int:
+    """Hold GROUP: no claim takes it until released (a lease in flight finishes normally)."""
+    with config.transport() as queue:
+        queue.hold_group(group_id)
+    _stdout().print(f"held {group_id}")
+    return 0
+
+
+@group.command()
+@click.argument("group_id", metavar="GROUP")
+@click.pass_obj
+def release(config: Config, group_id: str) -> int:
+    """Release GROUP (held by 'group hold' or by a dead letter with --hold-on-dead-letter)."""
+    with config.transport() as queue:
+        released = queue.release_group(group_id)
+    _stdout().print(f"released {group_id}" if released else f"{group_id} was not held")
+    return 0
 
 
 # ------------------------------------------------------------------------------ dlq
