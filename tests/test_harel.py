@@ -655,3 +655,52 @@ def test_worker_processes(cluster3: Cluster, tmp_path: Path) -> None:
                 pids.update(region.exe.context["pids"])
         assert os.getpid() not in pids, "the runner must not run actions"
         assert len(pids) >= 2, "the work was not shared between the worker processes"
+
+
+def test_a_leader_kill_never_reaches_send_when_publishes_carry_the_event_id(
+    make_cluster: Callable[..., Cluster], tmp_path: Path
+) -> None:
+    """harel publishes without a dedup id, so after a lost reply it cannot know whether its
+    event is queued. With `dedup_key=lambda e: str(e.id)` every publish is safe to resend and
+    the transport resends it: while the leader is killed and restarted, `create` and `send`
+    never raise, and every execution finishes."""
+    cluster = make_cluster(3)
+    queue, store_path, defs = fresh_queue(), os.fspath(tmp_path / "store.db"), definitions()
+    failures: list[BaseException] = []
+    with ExitStack() as stack:
+        transport = stack.enter_context(
+            RqliteTransport(cluster.url, queue=queue, codec=Event, dedup_key=lambda e: str(e.id))
+        )
+        store = SqliteStore(store_path)
+        stack.callback(store.close)
+        runner = DistributedRunner(store, transport, defs, execution="inline")
+        killer_done = threading.Event()
+
+        def kill_leaders() -> None:
+            for _ in range(2):
+                time.sleep(1.0)
+                leader = cluster.leader()
+                leader.kill()
+                time.sleep(1.0)
+                leader.restart()
+            killer_done.set()
+
+        killer = threading.Thread(target=kill_leaders, daemon=True)
+        killer.start()
+        ids: list[str] = []
+        while not killer_done.is_set():
+            try:
+                exe = runner.create("flat")
+                ids.append(exe.id)
+                for kind in EVENTS["flat"]:
+                    runner.send(exe.id, Event(kind=kind))
+            except Exception as exc:
+                failures.append(exc)
+        killer.join()
+        assert failures == [] and len(ids) > 10
+        with worker_threads(2, cluster.url, queue, store_path, defs, "inline") as errors:
+            wait_for(
+                lambda: bool(errors) or all(_final(store.load(i)) for i in ids), "every execution"
+            )
+        assert not errors, errors
+        assert transport.resent > 0, "no reply was lost: the leader kills proved nothing"
