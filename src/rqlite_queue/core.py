@@ -9,6 +9,7 @@ draws a random number or touches a socket, so every plan can be tested on canned
 from __future__ import annotations
 
 import math
+import reprlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -21,6 +22,7 @@ from .errors import (
     InvalidArgument,
     LeaseLost,
     PayloadTooLarge,
+    QueueError,
     SchemaError,
     TransportClosed,
 )
@@ -32,14 +34,19 @@ DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
 DEFAULT_DEDUP_WINDOW = 300.0
 DEFAULT_MAX_SKEW = 0.25
 """A lease (claim or extend) is refused when this client's clock is proven to be further
-than this fraction of the lease's visibility from the cluster's."""
+than this fraction of the lease's visibility from the cluster's (None: never; for a clock of
+the caller's own, such as a test's fake clock)."""
 MAX_SECONDS = 366 * 24 * 3600.0
 """Longest visibility, delay or window accepted: a year."""
 MAX_ID_BYTES = 1024
 """Longest group id, dedup id or worker id, encoded."""
 MAX_REASON_BYTES = 64 * 1024
 MAX_BATCH = 10_000
-"""Most messages claimed, listed, or named by seq in one call."""
+"""Most messages claimed, settled, listed, or named by seq in one call."""
+MAX_PUBLISH = 100_000
+"""Most messages in one publish_many."""
+TOKEN_SUFFIX_BYTES = 64
+"""A lease token is its worker id, ':' and a random part of at most this many bytes."""
 PRUNE_CHANCE = 1 / 16
 """Pruning forgotten rows on a sixteenth of the calls that could leave some keeps the tables
 small at a sixteenth of the cost (every statement costs rqlite a parse on each node)."""
@@ -94,7 +101,7 @@ class QueueCore:
         dedup_window: float = DEFAULT_DEDUP_WINDOW,
         dedup_key: Callable[[Any], str | None] | None = None,
         clock_skew: Callable[[], float] = lambda: 0.0,
-        max_skew: float = DEFAULT_MAX_SKEW,
+        max_skew: float | None = DEFAULT_MAX_SKEW,
     ) -> None:
         if not isinstance(queue, str) or not sql.QUEUE_NAME.fullmatch(queue):
             raise InvalidArgument(
@@ -103,7 +110,9 @@ class QueueCore:
         _check_seconds(dedup_window, "dedup_window", allow_zero=False)
         _check_int(max_payload_bytes, "max_payload_bytes", 1)
         if dedup_key is not None and not callable(dedup_key):
-            raise InvalidArgument(f"dedup_key must be a function of the event, got {dedup_key!r}")
+            raise InvalidArgument(
+                f"dedup_key must be a function of the event, got {_show(dedup_key)}"
+            )
         try:
             self.codec = as_codec(codec)
         except TypeError as exc:
@@ -115,12 +124,17 @@ class QueueCore:
         self.max_payload_bytes = max_payload_bytes
         self.dedup_window = float(dedup_window)
         self.dedup_key = dedup_key
-        if isinstance(max_skew, bool) or not isinstance(max_skew, int | float):
-            raise InvalidArgument(f"max_skew must be a fraction of visibility, got {max_skew!r}")
-        if not 0 <= max_skew <= 1:
-            raise InvalidArgument(f"max_skew must be in [0, 1], got {max_skew!r}")
+        if max_skew is not None and (
+            isinstance(max_skew, bool)
+            or not isinstance(max_skew, int | float)
+            or not 0 <= max_skew <= 1
+        ):
+            raise InvalidArgument(
+                f"max_skew must be a fraction of visibility in [0, 1], or None; got "
+                f"{_show(max_skew)}"
+            )
         self.clock_skew = clock_skew
-        self.max_skew = float(max_skew)
+        self.max_skew = max_skew
         self.closed = False
 
     def _now(self) -> float:
@@ -156,11 +170,12 @@ class QueueCore:
         return self._publish([message], lambda seqs: seqs[0])
 
     def publish_many(self, items: Iterable[PublishItem]) -> Plan[list[int]]:
-        if isinstance(items, str | bytes) or not isinstance(items, Iterable):
-            raise InvalidArgument(f"publish_many takes an iterable of items, got {items!r}")
+        if isinstance(items, str | bytes | Mapping) or not isinstance(items, Iterable):
+            raise InvalidArgument(f"publish_many takes a list of items, got {_show(items)}")
+        items = list(items)
+        if len(items) > MAX_PUBLISH:
+            raise InvalidArgument(f"at most {MAX_PUBLISH} messages per publish_many")
         messages = [self._message(*_unpack(item)) for item in items]
-        if len(messages) > MAX_BATCH * 10:
-            raise InvalidArgument(f"at most {MAX_BATCH * 10} messages per publish_many")
         return self._publish(messages, lambda seqs: seqs)
 
     def _publish(self, messages: list[sql.NewMessage], pick: Callable[[list[int]], T]) -> Plan[T]:
@@ -201,9 +216,16 @@ class QueueCore:
     ) -> sql.NewMessage:
         _check_id(group_id, "group_id")
         _check_int(priority, "priority", 0, sql.MAX_PRIORITY)
-        text = self.codec.encode(event)
+        try:
+            text = self.codec.encode(event)
+        except QueueError:
+            raise
+        except Exception as exc:  # a codec's own bug, or json's RecursionError
+            raise EncodeError(f"the codec could not encode this payload: {_show(exc)}") from exc
         if not isinstance(text, str):
-            raise EncodeError(f"codec {self.codec!r} must encode to str, got {type(text)}")
+            raise EncodeError(f"the codec must encode to str, got {type(text).__name__}")
+        if "\x00" in text:
+            raise EncodeError("the encoded payload holds a NUL, which SQLite cuts text at")
         try:
             size = len(text.encode("utf-8"))
         except UnicodeEncodeError as exc:
@@ -244,22 +266,26 @@ class QueueCore:
         _check_int(n, "n", 0, MAX_BATCH)
         _check_int(min_priority, "min_priority", 0, sql.MAX_PRIORITY)
         _check_seconds(visibility, "visibility", allow_zero=False)
+        _check_bool(hold_dead, "hold_dead")
+        if worker_id is not None or n:
+            _check_id(worker_id, "worker_id")
         plan = _Settlements()
-        for lease in _leases(ack):
+        for lease in _items(ack, "ack"):
             plan.add(lease, "finish")
-        for pair in dead:
+        for pair in _items(dead, "dead"):
             lease, reason = _pair(pair, "dead")
             plan.add(lease, "finish", reason=_reason(reason))
-        for nack_pair in nack:
+        for nack_pair in _items(nack, "nack"):
             lease, delay = _pair(nack_pair, "nack")
             _check_seconds(delay, "delay", allow_zero=True)
             plan.add(lease, "give_back", delay=float(delay))
-        for lease in _leases(extend):
+        for lease in _items(extend, "extend"):
             plan.add(lease, "extend")
+        if plan.count > MAX_BATCH:
+            raise InvalidArgument(f"at most {MAX_BATCH} leases settled per call")
         claim = None
         token = ""
         if n:
-            _check_id(worker_id, "worker_id")
             token = f"{worker_id}:{self.token()}"
         if n or plan.extend:
             self._check_skew(visibility)
@@ -297,6 +323,8 @@ class QueueCore:
         return Plan(batch, read, lambda reply: read(reply, replayed=True))
 
     def _check_skew(self, visibility: float) -> None:
+        if self.max_skew is None:
+            return
         skew = self.clock_skew()
         if abs(skew) > self.max_skew * visibility:
             raise ClockSkew(
@@ -327,7 +355,7 @@ class QueueCore:
     # ------------------------------------------------------- calls on a lease (fenced)
 
     def ack(self, leases: Sequence[Lease]) -> Plan[None]:
-        return _fenced(self.round(ack=leases), "ack")
+        return _fenced(self.round(ack=_leases(leases)), "ack")
 
     def nack(self, lease: Lease, delay: float) -> Plan[None]:
         return _fenced(self.round(nack=[(lease, delay)]), "nack")
@@ -345,14 +373,15 @@ class QueueCore:
         return Plan(plan.batch, read, read)
 
     def dead_letter(self, lease: Lease, reason: str, hold: bool = False) -> Plan[None]:
-        return _fenced(self.round(dead=[(lease, reason)], hold_dead=hold), "dead_letter")
+        return _fenced(
+            self.round(dead=[(lease, reason)], hold_dead=_check_bool(hold, "hold")), "dead_letter"
+        )
 
     # ------------------------------------------------------------------ holds
 
     def hold(self, group_id: str) -> Plan[None]:
         _check_id(group_id, "group_id")
-        self._now()
-        return Plan(sql.hold(self.names, group_id), _nothing, _nothing)
+        return Plan(sql.hold(self.names, group_id, now=self._now()), _nothing, _nothing)
 
     def release(self, group_id: str) -> Plan[bool]:
         _check_id(group_id, "group_id")
@@ -443,6 +472,10 @@ class _Settlements:
         self._seen: set[tuple[str, str, int]] = set()
         self._count = 0
 
+    @property
+    def count(self) -> int:
+        return self._count
+
     def add(self, lease: Lease, kind: str, *, reason: str | None = None, delay: float = 0) -> None:
         held = _held(lease)
         key = (held.group_id, held.token, held.seq)
@@ -483,23 +516,39 @@ class _Settlements:
 # ------------------------------------------------------------------------ checks
 
 
-def _check_id(value: object, what: str) -> None:
-    """A non-empty str of valid Unicode, at most MAX_ID_BYTES encoded."""
+def _check_id(value: object, what: str, limit: int = MAX_ID_BYTES) -> None:
+    """A non-empty str of valid Unicode without NUL, at most `limit` bytes encoded."""
     if not isinstance(value, str) or not value:
-        raise InvalidArgument(f"{what} must be a non-empty string, got {value!r}")
+        raise InvalidArgument(f"{what} must be a non-empty string, got {_show(value)}")
+    _check_text(value, what, limit)
+
+
+def _check_text(value: str, what: str, limit: int) -> None:
     try:
         size = len(value.encode("utf-8"))
     except UnicodeEncodeError as exc:
         raise InvalidArgument(f"{what} is not valid Unicode text: {exc.reason}") from None
-    if size > MAX_ID_BYTES:
-        raise InvalidArgument(f"{what} is {size} bytes encoded; the limit is {MAX_ID_BYTES}")
+    if size > limit:
+        raise InvalidArgument(f"{what} is {size} bytes encoded; the limit is {limit}")
+    if "\x00" in value:
+        # SQLite's text functions stop at a NUL: the two backends would disagree.
+        raise InvalidArgument(f"{what} holds a NUL character")
+
+
+def _show(value: object) -> str:
+    """A short repr for messages: an argument of any size is never echoed whole."""
+    return _REPR.repr(value)
+
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 60
 
 
 def _check_int(value: object, name: str, low: int, high: int | None = None) -> None:
     """An int (not a bool) in [low, high]."""
     bounds = f"in {low}-{high}" if high is not None else f">= {low}"
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidArgument(f"{name} must be an int {bounds}, got {value!r}")
+        raise InvalidArgument(f"{name} must be an int {bounds}, got {_show(value)}")
     if value < low or (high is not None and value > high):
         raise InvalidArgument(f"{name} must be {bounds}, got {value}")
 
@@ -507,18 +556,20 @@ def _check_int(value: object, name: str, low: int, high: int | None = None) -> N
 def _check_seconds(value: object, name: str, *, allow_zero: bool) -> None:
     """A finite number of seconds, > 0 (or >= 0), at most MAX_SECONDS."""
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidArgument(f"{name} must be a number of seconds, got {value!r}")
+        raise InvalidArgument(f"{name} must be a number of seconds, got {_show(value)}")
     low_ok = value >= 0 if allow_zero else value > 0
     if not (math.isfinite(value) and low_ok and value <= MAX_SECONDS):
         low = ">= 0" if allow_zero else "> 0"
-        raise InvalidArgument(f"{name} must be finite, {low} and <= {MAX_SECONDS:g}, got {value!r}")
+        raise InvalidArgument(
+            f"{name} must be finite, {low} and <= {MAX_SECONDS:g}, got {_show(value)}"
+        )
 
 
 def _check_seqs(seqs: Sequence[int] | None) -> list[int] | None:
     if seqs is None:
         return None
-    if isinstance(seqs, str | bytes) or not isinstance(seqs, Iterable):
-        raise InvalidArgument(f"seqs must be a list of ints, or None for all; got {seqs!r}")
+    if not isinstance(seqs, list | tuple | range):
+        raise InvalidArgument(f"seqs must be a list of ints, or None for all; got {_show(seqs)}")
     seqs = list(seqs)
     if not seqs or len(seqs) > MAX_BATCH:
         raise InvalidArgument(f"seqs must name 1-{MAX_BATCH} dead letters, or be None for all")
@@ -529,36 +580,45 @@ def _check_seqs(seqs: Sequence[int] | None) -> list[int] | None:
 
 def _reason(reason: object) -> str:
     if not isinstance(reason, str):
-        raise InvalidArgument(f"reason must be a string, got {reason!r}")
-    try:
-        size = len(reason.encode("utf-8"))
-    except UnicodeEncodeError as exc:
-        raise InvalidArgument(f"reason is not valid Unicode text: {exc.reason}") from None
-    if size > MAX_REASON_BYTES:
-        raise InvalidArgument(f"reason is {size} bytes encoded; the limit is {MAX_REASON_BYTES}")
+        raise InvalidArgument(f"reason must be a string, got {_show(reason)}")
+    _check_text(reason, "reason", MAX_REASON_BYTES)
     return reason
+
+
+def _check_bool(value: object, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidArgument(f"{name} must be True or False, got {_show(value)}")
+    return value
 
 
 def _held(lease: Lease) -> sql.Held:
     if not isinstance(lease, Lease):
-        raise InvalidArgument(f"not a lease: {lease!r}")
+        raise InvalidArgument(f"not a lease: {_show(lease)}")
     if not isinstance(lease.token, str) or not lease.token:
         raise InvalidArgument("this lease has no token: it was not made by claim")
     _check_int(lease.seq, "lease.seq", 1, 2**63 - 1)
     _check_id(lease.group_id, "lease.group_id")
-    _check_id(lease.token, "lease.token")
+    _check_id(lease.token, "lease.token", MAX_ID_BYTES + TOKEN_SUFFIX_BYTES)
     return sql.Held(lease.seq, lease.group_id, lease.token)
 
 
+def _items(value: object, what: str) -> list[Any]:
+    """A list or tuple of at most MAX_BATCH items (a mapping would be read as its keys, a
+    string or bytes as its characters)."""
+    if not isinstance(value, list | tuple):
+        raise InvalidArgument(f"{what} must be a list, got {_show(value)}")
+    if len(value) > MAX_BATCH:
+        raise InvalidArgument(f"{what}: at most {MAX_BATCH} per call, got {len(value)}")
+    return list(value)
+
+
 def _leases(leases: Iterable[Lease]) -> list[Lease]:
-    if isinstance(leases, Lease | str | bytes) or not isinstance(leases, Iterable):
-        raise InvalidArgument(f"expected a list of leases, got {leases!r}")
-    return list(leases)
+    return _items(leases, "leases")
 
 
 def _pair(pair: object, what: str) -> tuple[Lease, Any]:
     if not isinstance(pair, tuple) or len(pair) != 2:
-        raise InvalidArgument(f"{what} items are (lease, value) pairs, got {pair!r}")
+        raise InvalidArgument(f"{what} items are (lease, value) pairs, got {_show(pair)}")
     return pair[0], pair[1]
 
 
@@ -594,7 +654,9 @@ def _fenced(plan: Plan[Round], call: str) -> Plan[None]:
 
 
 def _lost_message(leases: Sequence[Lease], call: str) -> str:
-    which = ", ".join(f"{lease.group_id}#{lease.seq}" for lease in leases)
+    which = ", ".join(f"{_show(lease.group_id)}#{lease.seq}" for lease in leases[:10])
+    if len(leases) > 10:
+        which += f" and {len(leases) - 10} more"
     return (
         f"{call}: lease no longer holds its group ({which}): it lapsed and was claimed by "
         f"another worker, or was already acked, nacked or dead-lettered"
@@ -610,4 +672,4 @@ def _unpack(item: PublishItem) -> tuple[str, Any, int, str | None]:
     if isinstance(item, tuple) and len(item) in (2, 3):
         priority = item[2] if len(item) == 3 else 0
         return item[0], item[1], priority, None
-    raise InvalidArgument(f"publish item must be (group_id, event[, priority]), got {item!r}")
+    raise InvalidArgument(f"publish item must be (group_id, event[, priority]), got {_show(item)}")

@@ -11,7 +11,7 @@ import aiohttp
 
 from ._async.rqlite_client import AsyncRqliteClient
 from .http_sync import POOL_SIZE
-from .rqlite_http import Endpoints, NoReply, NotSent, Outcome, Reply, Send
+from .rqlite_http import Endpoints, NoReply, NotSent, Outcome, Reply, Send, request_headers
 
 
 class AiohttpClient(AsyncRqliteClient):
@@ -30,7 +30,7 @@ class AiohttpClient(AsyncRqliteClient):
             self._ssl = ssl.create_default_context(cafile=verify)
         elif verify is False:
             self._ssl = False
-        self._auth = aiohttp.BasicAuth(*endpoints.auth) if endpoints.auth is not None else None
+        self._headers = request_headers(endpoints)
         self._session: aiohttp.ClientSession | None = None
 
     def _open(self) -> aiohttp.ClientSession:
@@ -38,8 +38,7 @@ class AiohttpClient(AsyncRqliteClient):
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=POOL_SIZE, ssl=self._ssl),
-                auth=self._auth,
-                headers={"Content-Type": "application/json"},
+                headers=self._headers,
                 skip_auto_headers=("User-Agent",),
             )
         return self._session

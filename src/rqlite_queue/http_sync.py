@@ -11,7 +11,7 @@ import urllib3
 from urllib3.exceptions import ConnectTimeoutError, HTTPError, NewConnectionError
 
 from ._sync.rqlite_client import RqliteClient
-from .rqlite_http import Endpoints, NoReply, NotSent, Outcome, Reply, Send
+from .rqlite_http import Endpoints, NoReply, NotSent, Outcome, Reply, Send, request_headers
 
 POOL_SIZE = 32
 
@@ -27,9 +27,7 @@ class Urllib3Client(RqliteClient):
         clock: Callable[[], float] = time.time,
     ) -> None:
         super().__init__(endpoints, timeout=timeout, skew_warning=skew_warning, clock=clock)
-        self._headers = {"Content-Type": "application/json"}
-        if endpoints.auth is not None:
-            self._headers.update(urllib3.make_headers(basic_auth=":".join(endpoints.auth)))
+        self._headers = request_headers(endpoints)
         tls: dict[str, ssl.SSLContext] = {}
         if any(url.startswith("https") for url in endpoints.urls):
             context = ssl.create_default_context(cafile=verify if isinstance(verify, str) else None)

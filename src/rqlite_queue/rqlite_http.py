@@ -9,6 +9,7 @@ not redirect unless asked)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import random
@@ -231,6 +232,16 @@ def exchange(
         backoff = min(backoff * 2, MAX_BACKOFF)
 
 
+def request_headers(endpoints: Endpoints) -> dict[str, str]:
+    """The headers of every request: JSON, and Basic auth when there are credentials."""
+    headers = {"Content-Type": "application/json"}
+    if endpoints.auth is not None:
+        user, password = endpoints.auth
+        token = base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
+        headers["Authorization"] = f"Basic {token}"
+    return headers
+
+
 class ClientState:
     """What the sync and async clients share: the nodes, which one is current, the clock-skew
     estimate per node, the request count; and the `exchange` for a batch."""
@@ -359,22 +370,29 @@ class Endpoints:
         return f"Endpoints(urls={self.urls!r}{user})"
 
 
-_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
+# A node's part of the URL starts with a scheme, at the start or after a comma: "://" anywhere
+# else belongs to a password.
+_SCHEME = re.compile(r"(?:^|,)\s*([A-Za-z][A-Za-z0-9+.-]*)://")
+_HOSTNAME = re.compile(r"[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]")
 
 
 def parse_endpoints(url: str, auth: tuple[str, str] | None = None) -> Endpoints:
     """`http://h1:4001,h2:4001` or `http://h1:4001,http://h2:4001` (each part may repeat the
-    scheme). Credentials (`user:password@`, percent-encoded or not) apply to every node;
-    `auth` overrides them. No message raised here shows the password."""
+    scheme). Credentials (`user:password@`) apply to every node; `auth` overrides them. A
+    password may hold any character (what stands before the last `@` of a node's part is
+    its user and password); its `%XX` escapes are decoded. No message raised here shows it."""
     if not isinstance(url, str):
         raise InvalidArgument(f"an rqlite URL must be a string, got {type(url).__name__}")
     segments = _segments(url)
     schemes = {scheme for scheme, _ in segments}
+    unknown = schemes - {"http", "https"}
+    if unknown:
+        raise InvalidArgument(
+            f"unknown URL scheme {sorted(unknown)[0]!r} (use http, https or sqlite)"
+        )
     if len(schemes) > 1:
-        raise InvalidArgument(f"mixed schemes ({', '.join(sorted(schemes))}) in rqlite URL")
+        raise InvalidArgument("mixed schemes (http and https) in the rqlite URL")
     scheme = schemes.pop()
-    if scheme not in ("http", "https"):
-        raise InvalidArgument(f"unknown URL scheme {scheme!r} (use http, https or sqlite)")
     credentials: set[tuple[str, str]] = set()
     urls = []
     for _, rest in segments:
@@ -395,39 +413,59 @@ def parse_endpoints(url: str, auth: tuple[str, str] | None = None) -> Endpoints:
 
 
 def _segments(url: str) -> list[tuple[str, str]]:
-    """[(scheme, the text up to the next scheme)], for a URL that starts with a scheme."""
+    """[(scheme, the text up to the next node's scheme)], for a URL that starts with one."""
     starts = list(_SCHEME.finditer(url))
-    if not starts or url[: starts[0].start()].strip():
+    if not starts or starts[0].start() != 0:
         raise InvalidArgument(f"not an rqlite URL: {redact(url)!r}")
     ends = [m.start() for m in starts[1:]] + [len(url)]
     return [(m.group(1).lower(), url[m.end() : end]) for m, end in zip(starts, ends, strict=True)]
 
 
 def _check_host(scheme: str, host: str) -> str:
+    """`host[:port]`; the messages never repeat what is not a host name or a port (a URL cut
+    in the wrong place can leave a password there)."""
+    name, colon, port = host.rpartition(":") if not host.endswith("]") else (host, "", "")
+    if not colon:
+        name, port = host, ""
+    if not _HOSTNAME.fullmatch(name):
+        raise InvalidArgument("bad host in the rqlite URL (not a host name or address)")
+    if colon and not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+        raise InvalidArgument(f"bad port for host {name!r} in the rqlite URL")
     try:
-        parsed = urlsplit(f"{scheme}://{host}")
-        parsed.port  # noqa: B018 - raises on a bad port
-    except ValueError as exc:
-        raise InvalidArgument(f"bad host in rqlite URL: {host!r}: {exc}") from None
-    if not parsed.hostname:
-        raise InvalidArgument(f"bad host in rqlite URL: {host!r}")
+        if not urlsplit(f"{scheme}://{host}").hostname:
+            raise ValueError
+    except ValueError:
+        raise InvalidArgument(f"bad host {name!r} in the rqlite URL") from None
     return host
 
 
 def redact(url: str) -> str:
-    """The URL without its credentials, for messages and logs: whatever stands between a
-    scheme's `://` and the last `@` before the next scheme is replaced."""
-    try:
-        starts = list(_SCHEME.finditer(url))
-    except TypeError:
+    """The URL without its credentials, for messages and logs: in each node's part, whatever
+    stands between `://` and the last `@` is replaced; a part with a `:` but no `@` (a URL
+    whose `@host` is missing) loses everything after the scheme."""
+    if not isinstance(url, str):
         return "<not a string>"
+    starts = list(_SCHEME.finditer(url))
     if not starts:
-        return "***@" + url.rsplit("@", 1)[1] if "@" in url else url
+        return "***" if ("@" in url or ":" in url) else url
     out = [url[: starts[0].start()]]
     ends = [m.start() for m in starts[1:]] + [len(url)]
     for m, end in zip(starts, ends, strict=True):
         rest = url[m.end() : end]
         if "@" in rest:
             rest = "***@" + rest.rsplit("@", 1)[1]
+        elif not all(_check_quietly(m.group(1), part) for part in rest.split(",")):
+            rest = "***"
         out.append(url[m.start() : m.end()] + rest)
     return "".join(out)
+
+
+def _check_quietly(scheme: str, part: str) -> bool:
+    host = part.strip().split("/", 1)[0]
+    if not host:
+        return True
+    try:
+        _check_host(scheme, host)
+    except InvalidArgument:
+        return False
+    return True
