@@ -371,14 +371,16 @@ def test_our_transports_satisfy_harels_protocols(cluster3: Cluster, tmp_path: Pa
 
 def test_harel_transport_contract_on_rqlite(cluster3: Cluster) -> None:
     assert_transport_contract(
-        lambda clock: RqliteTransport(cluster3.url, clock=clock, queue=fresh_queue(), codec=Event)
+        lambda clock: RqliteTransport(
+            cluster3.url, clock=clock, queue=fresh_queue(), codec=Event, max_skew=None
+        )
     )
 
 
 async def test_harel_async_transport_contract_on_rqlite(cluster3: Cluster) -> None:
     await assert_async_transport_contract(
         lambda clock: AsyncRqliteTransport(
-            cluster3.url, clock=clock, queue=fresh_queue(), codec=Event
+            cluster3.url, clock=clock, queue=fresh_queue(), codec=Event, max_skew=None
         )
     )
 

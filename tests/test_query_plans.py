@@ -72,7 +72,7 @@ def hot_batches(n: sql.Names) -> dict[str, sql.Batch]:
         "prune empty groups": sql.round_trip(n, now=1.0, prune=True),
         "probe": sql.probe(n, min_priority=0),
         "probe min_priority=4": sql.probe(n, min_priority=4),
-        "hold": sql.hold(n, "g5"),
+        "hold": sql.hold(n, "g5", now=1.0),
         "release": sql.release(n, "g5"),
         "requeue_dead": sql.requeue_dead(n, [1, 2], now=1.0),
         "purge_dead": sql.purge_dead(n, [1, 2]),

@@ -33,6 +33,7 @@ Tables, per queue (`rq_<queue>_` prefix):
   the round-robin key).
 - `dead`: dead-lettered messages.
 - `dedup`: publish ids seen within the dedup window.
+- `claims`: the tokens of recent claims (a claim applies at most once, however late).
 """
 
 from __future__ import annotations
@@ -127,6 +128,8 @@ class Names:
     dead: str
     dedup: str
     dedup_expiry: str
+    claims: str
+    claims_expiry: str
     retired: str
     """Schema v1 only (its job is done by the empty rows of `groups` since v2)."""
 
@@ -146,12 +149,14 @@ class Names:
             dead=p + "dead",
             dedup=p + "dedup",
             dedup_expiry=p + "dedup_expiry",
+            claims=p + "claims",
+            claims_expiry=p + "claims_expiry",
             retired=p + "retired",
         )
 
     @property
     def tables(self) -> tuple[str, ...]:
-        return (self.meta, self.messages, self.groups, self.dead, self.dedup)
+        return (self.meta, self.messages, self.groups, self.dead, self.dedup, self.claims)
 
 
 def _json(value: Any) -> str:
@@ -258,6 +263,8 @@ def create(n: Names) -> Batch:
         """
     ):
         b.add(statement)
+    for statement in _claims_table(n):
+        b.add(statement)
     for statement in _groups_indexes(n):
         b.add(statement)
     b.add(f"INSERT OR IGNORE INTO {n.meta} (key, value) VALUES ('turn', 0), ('mark', 0)")
@@ -281,10 +288,19 @@ def _groups_indexes(n: Names) -> list[str]:
     ]
 
 
+def _claims_table(n: Names) -> list[str]:
+    # The tokens of recent claims: a claim whose first send was held up (by a frozen node, say)
+    # and applies after its resend must not take groups for a token nobody holds any more.
+    return [
+        f"CREATE TABLE {n.claims} (token TEXT PRIMARY KEY, expires_at REAL NOT NULL)",
+        f"CREATE INDEX {n.claims_expiry} ON {n.claims} (expires_at)",
+    ]
+
+
 def _to_v2(b: _Builder, n: Names) -> None:
     """v1 -> v2: the `retired` table becomes empty rows of `groups`; `held` (operators' holds);
     `dedup_id` on messages and the `mark` (a publish of many deduplicated messages in a fixed
-    number of statements)."""
+    number of statements); `claims` (a claim applies at most once, even late)."""
     b.add(f"ALTER TABLE {n.messages} ADD COLUMN dedup_id TEXT")
     b.add(f"ALTER TABLE {n.groups} ADD COLUMN held INTEGER NOT NULL DEFAULT 0")
     b.add(
@@ -298,6 +314,8 @@ def _to_v2(b: _Builder, n: Names) -> None:
     for statement in _groups_indexes(n):
         b.add(statement)
     b.add(f"INSERT OR IGNORE INTO {n.meta} (key, value) VALUES ('mark', 0)")
+    for statement in _claims_table(n):
+        b.add(statement)
 
 
 # Each step takes a database from the version before it to its own.
@@ -534,6 +552,7 @@ def round_trip(
             f"DELETE FROM {n.groups} WHERE ready = 2 AND until < :now AND held = 0",
             {"now": now},
         )
+        b.add(f"DELETE FROM {n.claims} WHERE expires_at < :now", {"now": now})
     if claim is not None:
         _claim(b, n, claim, now)
     return b.build()
@@ -589,8 +608,9 @@ def _settle(b: _Builder, n: Names, s: Settle, now: float) -> None:
 def _claim(b: _Builder, n: Names, c: Claim, now: float) -> None:
     """Lease the heads of up to `count` groups: the claimable ones with priority >=
     `min_priority` that were claimed least recently (never-claimed first, then creation
-    order). Safe to resend with the same token and `until`: a resend that finds the groups
-    this token already took returns them instead of taking more."""
+    order). A token claims once: a resend (same token and `until`) takes nothing and returns
+    the groups the token holds; so does a first send that applies late, after its resend.
+    Tokens are remembered until RETIRE_WINDOW after their leases' deadline."""
     mine = {"u": c.until, "k": c.token}
     ready = ""
     if c.min_priority == 0:
@@ -623,9 +643,12 @@ def _claim(b: _Builder, n: Names, c: Claim, now: float) -> None:
         f"{ready}UPDATE {n.groups} AS g SET ready = 0, until = :u, "
         f"token = :k, attempts = attempts + 1, head = (SELECT min(seq) FROM {n.messages} m "
         f"WHERE m.group_id = g.group_id), turn = (SELECT value FROM {n.meta} WHERE key = 'turn') "
-        f"WHERE g.rowid IN ({pick}) AND NOT EXISTS (SELECT 1 FROM {n.groups} "
-        f"WHERE ready = 0 AND until = :u AND token = :k)",
+        f"WHERE g.rowid IN ({pick}) AND NOT EXISTS (SELECT 1 FROM {n.claims} WHERE token = :k)",
         {**mine, "n": c.count},
+    )
+    b.add(
+        f"INSERT OR IGNORE INTO {n.claims} (token, expires_at) VALUES (:k, :e)",
+        {"k": c.token, "e": c.until + RETIRE_WINDOW},
     )
     # The heads of the groups this claim took (found through the busy index on `until`).
     b.add(
@@ -695,10 +718,11 @@ def read_probe(reply: Reply) -> tuple[bool, float | None]:
 # --------------------------------------------------------------------- holds and dead letters
 
 
-def hold(n: Names, group_id: str) -> Batch:
+def hold(n: Names, group_id: str, *, now: float) -> Batch:
     """Hold a group: no claim takes it until released (a lease in flight finishes normally). A
     group with no messages yet gets an empty, held row, so its next message waits too."""
     b = _Builder()
+    _forget_expired(b, n, _TEXT.format(name="g"), {"g": _json(group_id)}, now)
     b.add(
         f"INSERT INTO {n.groups} (group_id, priority, ready, held) "
         f"VALUES ({_TEXT.format(name='g')}, 0, 2, 1) ON CONFLICT (group_id) DO UPDATE SET held = 1",

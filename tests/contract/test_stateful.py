@@ -108,6 +108,7 @@ class Model:
         self._turn = itertools.count(1)
         # emptied group -> (turn, creation order, expires_at)
         self.retired: dict[str, tuple[int, int, float]] = {}
+        self.held: set[str] = set()
 
     # -------------------------------------------------------------------------- reading
 
@@ -133,7 +134,7 @@ class Model:
         seq = next(self._seq)
         if group_id not in self.groups:
             turn, created, expires_at = self.retired.get(group_id, (0, 0, 0.0))
-            if expires_at >= self.now:
+            if expires_at >= self.now or group_id in self.held:
                 # Emptied lately: it takes its place in the round robin back.
                 self.groups[group_id] = Group(priority, created, turn=turn)
             else:
@@ -148,7 +149,10 @@ class Model:
         eligible = [
             (gid, g)
             for gid, g in self.groups.items()
-            if g.messages and not self.busy(g) and g.priority >= min_priority
+            if g.messages
+            and not self.busy(g)
+            and g.priority >= min_priority
+            and gid not in self.held
         ]
         eligible.sort(key=lambda item: (item[1].turn, item[1].created))
         out = []
@@ -177,13 +181,28 @@ class Model:
         self._finish(lease)
         return True
 
-    def dead_letter(self, lease: Lease) -> bool:
+    def dead_letter(self, lease: Lease, hold: bool = False) -> bool:
         if not self.holds(lease):
             return False
         g = self.groups[lease.group_id]
         self.dead.append((lease.seq, lease.group_id, lease.event, g.priority, g.attempts))
+        if hold:
+            self.held.add(lease.group_id)
         self._finish(lease)
         return True
+
+    def hold(self, group_id: str) -> None:
+        if group_id not in self.groups and group_id not in self.held:
+            expires_at = self.retired.get(group_id, (0, 0, 0.0))[2]
+            if expires_at < self.now:
+                # A group with no kept place gets one now: never claimed, last created.
+                self.retired[group_id] = (0, next(self._created), float("-inf"))
+        self.held.add(group_id)
+
+    def release(self, group_id: str) -> bool:
+        held = group_id in self.held
+        self.held.discard(group_id)
+        return held
 
     def nack(self, lease: Lease, delay: float) -> bool:
         if not self.holds(lease):
@@ -326,13 +345,55 @@ class QueueMachine(RuleBasedStateMachine):
             assert extended.expires_at == self.clock.now + visibility
             assert (extended.seq, extended.token) == (lease.seq, lease.token)
 
-    @rule(lease=leases)
-    def dead_letter(self, lease: Lease) -> None:
-        self.expect(self.model.holds(lease), lambda: self.q.dead_letter(lease, "poison"))
-        if self.model.dead_letter(lease):
+    @rule(lease=leases, hold=st.booleans())
+    def dead_letter(self, lease: Lease, hold: bool) -> None:
+        self.expect(self.model.holds(lease), lambda: self.q.dead_letter(lease, "poison", hold=hold))
+        if hold and self.model.holds(lease):
+            note_event("a dead letter holds its group")
+        if self.model.dead_letter(lease, hold):
             dead = self.q.dead_letters(1000)
             got = [(d.seq, d.group_id, d.event, d.priority, d.attempts) for d in dead]
             assert got == sorted(self.model.dead)  # listed in seq order
+
+    @rule(
+        target=leases,
+        acks=st.lists(leases, max_size=3),
+        nacks=st.lists(st.tuples(leases, delays), max_size=2),
+        n=st.integers(0, 3),
+        min_priority=floors,
+        visibility=visibilities,
+    )
+    def settle_and_claim(
+        self,
+        acks: list[Lease],
+        nacks: list[tuple[Lease, float]],
+        n: int,
+        min_priority: int,
+        visibility: float,
+    ) -> MultipleResults[Lease]:
+        """Acks, then nacks, then a claim, in one transaction: each settlement that no longer
+        holds (or names a lease already settled in this round) is reported, not raised."""
+        result = self.q.settle_and_claim(
+            "w", visibility, n, ack=acks, nack=nacks, min_priority=min_priority
+        )
+        lost = [lease for lease in acks if not self.model.ack(lease)]
+        lost += [lease for lease, delay in nacks if not self.model.nack(lease, delay)]
+        if lost:
+            note_event("a round reports lost settlements")
+        assert result.lost == lost
+        if not n:
+            assert result.leases == []
+            return multiple()
+        return self._claimed(result.leases, self.model.claim(n, min_priority, visibility))
+
+    @rule(group_id=groups)
+    def hold(self, group_id: str) -> None:
+        self.q.hold_group(group_id)
+        self.model.hold(group_id)
+
+    @rule(group_id=groups)
+    def release(self, group_id: str) -> None:
+        assert self.q.release_group(group_id) == self.model.release(group_id)
 
     # ------------------------------------------------------------------------ time, reads
 
@@ -358,12 +419,20 @@ class QueueMachine(RuleBasedStateMachine):
         by_priority: dict[int, int] = {}
         for g in live:
             by_priority[g.priority] = by_priority.get(g.priority, 0) + len(g.messages)
-        assert (stats.depth, stats.groups, stats.in_flight, stats.parked, stats.dead) == (
+        assert (
+            stats.depth,
+            stats.groups,
+            stats.in_flight,
+            stats.parked,
+            stats.dead,
+            stats.held,
+        ) == (
             sum(len(g.messages) for g in live),
             len(live),
             in_flight,
             parked,
             len(m.dead),
+            len(m.held),
         )
         assert stats.by_priority == by_priority
         oldest = min((p for g in live for _, _, p in g.messages), default=None)
@@ -427,6 +496,8 @@ def test_the_contract_holds_on_rqlite(cluster1: Cluster) -> None:
     def open_transport(clock: FakeClock) -> Transport:
         # A fresh queue (tables created on the first call) per example.
         queue = f"sm_{uuid.uuid4().hex[:12]}"
-        return RqliteTransport(url, clock=clock, queue=queue, dedup_window=DEDUP_WINDOW)
+        return RqliteTransport(
+            url, clock=clock, queue=queue, dedup_window=DEDUP_WINDOW, max_skew=None
+        )
 
     run(machine(open_transport), examples=20, steps=25)

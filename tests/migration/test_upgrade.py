@@ -55,7 +55,7 @@ def open_v1(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable
         assert reply.status_code == 200, reply.text
 
         def make(clock: Clock, queue: str = "default") -> Transport:
-            opened.append(RqliteTransport(cluster.url, clock=clock, queue=queue))
+            opened.append(RqliteTransport(cluster.url, clock=clock, queue=queue, max_skew=None))
             return opened[-1]
 
     yield make

@@ -131,6 +131,8 @@ class Transport:
         raise BackendError(f"queue {self.queue!r}: could not upgrade the schema: {failure}")
 
     def _send(self, plan: Plan[T], deadline: float) -> T:
+        if not plan.batch.statements:
+            return plan.read(Reply(plan.batch, []))  # nothing to do (an empty settle, say)
         return plan.read(Reply(plan.batch, self._executor.execute(plan.batch, deadline)))
 
     def _run(self, plan: Plan[T]) -> T:
@@ -265,9 +267,7 @@ class Transport:
     def ack_many(self, leases: Sequence[Lease]) -> None:
         """Ack several leases in one round trip. Those that still hold are acked; if any did
         not, `LeaseLost` lists them."""
-        plan = self._core.ack(leases)
-        if plan.batch.statements:
-            self._run(plan)
+        self._run(self._core.ack(leases))
 
     def extend(self, lease: Lease, visibility: float) -> Lease:
         """Heartbeat: the lease now lapses `visibility` seconds from now. Returns the lease
@@ -317,7 +317,8 @@ class RqliteTransport(Transport):
 
     Clocks: the node's clock is read from the `Date` of its replies (no extra request); a
     difference above `skew_warning` seconds is logged, and a lease is refused (`ClockSkew`)
-    when the difference exceeds `max_skew` of its visibility."""
+    when the difference exceeds `max_skew` of its visibility (`max_skew=None`: neither, for
+    a clock of the caller's own, such as a test's fake clock)."""
 
     def __init__(
         self,
@@ -333,11 +334,13 @@ class RqliteTransport(Transport):
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         dedup_window: float = DEFAULT_DEDUP_WINDOW,
         dedup_key: Callable[[Any], str | None] | None = None,
-        max_skew: float = DEFAULT_MAX_SKEW,
+        max_skew: float | None = DEFAULT_MAX_SKEW,
         skew_warning: float = 1.0,
     ) -> None:
         _check_timeout(timeout)
         _check_timeout(skew_warning)
+        if max_skew is None:
+            skew_warning = float("inf")  # a clock of the caller's own: not ours to judge
         if auth is not None and not (
             isinstance(auth, tuple) and len(auth) == 2 and all(isinstance(a, str) for a in auth)
         ):
