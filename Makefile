@@ -56,7 +56,10 @@ bench: setup $(BENCH_STAMP)
 	RQLITED="$$(scripts/build-rqlited)" $(BIN)/python bench/run.py $(if $(FULL),--full,) $(BENCH_ARGS)
 
 # The long chaos run (a short one is part of `make test`); writes docs/reliability.md.
+# Its network partitions need root, iproute2 and iptables (scripts/chaos-deps installs the
+# tools when missing); without them the partitions are skipped with one printed line.
 chaos: setup
+	scripts/chaos-deps
 	RQLITED="$$(scripts/build-rqlited)" $(BIN)/pytest -q -s -m slow tests/chaos $(PYTEST_ARGS)
 
 clean:

@@ -36,7 +36,7 @@ def frozen(make_cluster: Callable[..., Cluster]) -> Any:
     other = next(node for node in cluster.nodes if node is not leader)
     leader.pause()
     other.pause()
-    yield q, lease
+    yield q, lease, cluster
     leader.resume()
     other.resume()
     cluster.wait_ready()
@@ -58,10 +58,16 @@ def frozen(make_cluster: Callable[..., Cluster]) -> Any:
 def test_no_call_outlives_its_deadline_when_the_cluster_cannot_answer(
     frozen: Any, call: Callable[[Any, Any], Any], errors: tuple[type, ...]
 ) -> None:
-    q, lease = frozen
+    q, lease, cluster = frozen
     started = time.monotonic()
     with pytest.raises(errors) as raised:
-        call(q, lease)
+        result = call(q, lease)
+        states = [(n.node_id, n.paused, n.is_running) for n in cluster.nodes]
+        leader = cluster._leader_once()
+        raise AssertionError(
+            f"returned {result!r} after {time.monotonic() - started:.2f}s; requests "
+            f"{q.client.requests}, resent {q.resent}; nodes {states}; leader {leader}"
+        )
     elapsed = time.monotonic() - started
     assert elapsed <= DEADLINE + SLACK, f"{elapsed:.2f}s: {raised.value!r}"
     if call is not READ and not isinstance(raised.value, OutcomeUnknown):
@@ -70,6 +76,6 @@ def test_no_call_outlives_its_deadline_when_the_cluster_cannot_answer(
 
 
 def test_a_write_sent_and_unanswered_is_outcome_unknown_not_unavailable(frozen: Any) -> None:
-    q, _ = frozen
+    q, _, _ = frozen
     with pytest.raises(OutcomeUnknown):
         q.publish("g", 1)  # sent to a frozen node, no reply: it may be in the log

@@ -256,10 +256,17 @@ class Node:
         log_path: Path | str | None = None,
         tls: tuple[str, str, str] | None = None,
         auth: tuple[str, str] | None = None,
+        host: str = _HOST,
+        wrapper: Sequence[str] = (),
     ) -> None:
         """`tls` = (cert file, key file, CA file) serves HTTPS; `auth` = the (user, password)
-        the harness's own probes send when rqlited runs with `-auth`."""
+        the harness's own probes send when rqlited runs with `-auth`. `host` is the address
+        both ports bind and advertise; `wrapper` is a command prefix that execs rqlited (e.g.
+        `ip netns exec NS`, to run the node in its own network namespace: the chaos tests
+        partition nodes that way). The wrapper must exec, not fork, so the PID stays rqlited's."""
         self.node_id = node_id
+        self.host = host
+        self.wrapper = tuple(wrapper)
         self.tls = tls
         self.auth = auth
         self.binary = binary if binary is not None else find_rqlited()
@@ -291,7 +298,7 @@ class Node:
 
     @property
     def http_addr(self) -> str:
-        return f"{_HOST}:{self.http_port}"
+        return f"{self.host}:{self.http_port}"
 
     @property
     def http_url(self) -> str:
@@ -303,7 +310,7 @@ class Node:
 
     @property
     def raft_addr(self) -> str:
-        return f"{_HOST}:{self.raft_port}"
+        return f"{self.host}:{self.raft_port}"
 
     @property
     def pid(self) -> int | None:
@@ -323,6 +330,7 @@ class Node:
 
     def command(self) -> list[str]:
         cmd = [
+            *self.wrapper,
             self.binary,
             "-node-id",
             self.node_id,
@@ -445,12 +453,25 @@ class Node:
         self.paused = False
 
     def pause(self) -> None:
-        """Freeze the process (SIGSTOP): to its peers it looks like a hung or partitioned node."""
+        """Freeze the process (SIGSTOP): to its peers it looks like a hung or partitioned node.
+        Returns once the kernel has stopped it (on a loaded machine that can take a while, and
+        a node that still answers meanwhile would make a fault test prove nothing)."""
         if not self.is_running:
             raise ClusterError(f"{self.node_id} is not running")
         assert self.process is not None
         self.process.send_signal(signal.SIGSTOP)
         self.paused = True
+        stat = Path(f"/proc/{self.process.pid}/stat")
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                state = stat.read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                return  # no procfs here: nothing to wait on
+            if state in ("T", "t"):
+                return
+            time.sleep(0.001)
+        raise ClusterError(f"{self.node_id} did not stop within 5 s of SIGSTOP")
 
     def resume(self) -> None:
         """Continue a paused process (SIGCONT)."""
@@ -518,11 +539,18 @@ class Cluster:
         fast: bool = True,
         tls: tuple[str, str, str] | None = None,
         auth: tuple[str, str] | None = None,
+        hosts: Sequence[str] | None = None,
+        wrappers: Sequence[Sequence[str]] | None = None,
     ) -> None:
         """`tls` and `auth` as for `Node` (a cluster with `-auth` must also let its nodes join:
-        pass `-join-as USER` in `extra_args`)."""
+        pass `-join-as USER` in `extra_args`); `hosts` and `wrappers`, one per node, are each
+        node's `host` and `wrapper` (default: all on 127.0.0.1, no wrapper)."""
         if n < 1:
             raise ValueError("a cluster needs at least one node")
+        if (hosts is not None and len(hosts) != n) or (wrappers is not None and len(wrappers) != n):
+            raise ValueError("hosts and wrappers need one entry per node")
+        self.hosts = list(hosts) if hosts is not None else [_HOST] * n
+        self.wrappers = [tuple(w) for w in wrappers] if wrappers is not None else [()] * n
         self.n = n
         self.binary = binary
         self.base_dir = Path(base_dir) if base_dir is not None else None
@@ -592,6 +620,8 @@ class Cluster:
                 extra_args=args,
                 tls=self.tls,
                 auth=self.auth,
+                host=self.hosts[0],
+                wrapper=self.wrappers[0],
             )
             self.nodes.append(first)
             first.start(timeout)
@@ -607,6 +637,8 @@ class Cluster:
                     extra_args=args,
                     tls=self.tls,
                     auth=self.auth,
+                    host=self.hosts[i - 1],
+                    wrapper=self.wrappers[i - 1],
                 )
                 self.nodes.append(node)
                 node.start(timeout)

@@ -1,23 +1,26 @@
-"""The chaos run: publishers and workers on a real 3-node rqlite cluster while a nemesis kills
-and freezes nodes on a seeded schedule; then a checker reads the log of every operation.
+"""The chaos run: publishers and workers on a real 3-node rqlite cluster while a nemesis kills,
+freezes and partitions nodes and freezes workers on a seeded schedule; then the checker
+(`checker.check`) reads the log of every operation.
 
 Workers are threads (sync transports), asyncio tasks (async transports, one per task) and
-separate processes; every one logs each operation with its start and end times (one machine,
-one clock) and its outcome. See `check` for what is verified."""
+separate processes. Half of them claim one lease and ack it (`claim`, `ack`); the other half
+settle and claim in one write (`settle_and_claim`, several leases a round). Leases can be
+shorter than the faults, and some handlers sleep past their lease, so leases lapse while their
+holder is frozen or slow and another worker takes the group over: fencing is exercised."""
 
 from __future__ import annotations
 
 import asyncio
-import itertools
+import contextlib
 import json
 import multiprocessing
 import os
 import random
+import signal
 import threading
 import time
-from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,16 +28,24 @@ import httpx
 
 from rqlite_queue import (
     AsyncRqliteTransport,
+    Lease,
     LeaseLost,
+    OutcomeUnknown,
     QueueError,
     RqliteTransport,
     Unavailable,
 )
-from rqlite_queue.cluster import Cluster
+from rqlite_queue.cluster import Cluster, Node
 
-VISIBILITY = 2.0
+from .checker import Fault, Op, Report, check
+from .network import Network, NetworkUnavailable, open_network, why_unavailable
+
 HTTP_TIMEOUT = 1.0  # a frozen node must not hold a request for long
 DEADLINE = 20.0
+NODE_FAULTS = ("kill_leader", "pause_leader", "pause_follower")
+PARTITIONS = ("partition_leader", "partition_follower")
+WORKER_FAULTS = ("pause_worker",)
+ALL_FAULTS = NODE_FAULTS + PARTITIONS + WORKER_FAULTS
 
 
 @dataclass
@@ -51,93 +62,21 @@ class Config:
     publish_pace: float = 0.04
     """Seconds between two publishes of one publisher: spreads the traffic over the faults."""
     time_limit: float = 600.0
-
-
-@dataclass
-class Op:
-    """One call and its outcome, as a worker or publisher saw it."""
-
-    kind: str  # publish | claim | ack
-    actor: str
-    t0: float
-    t1: float
-    outcome: str  # ok | resent | lease_lost | unavailable | error:<type> | empty
-    group: str = ""
-    i: int = -1
-    seq: int = -1
-    attempts: int = 0
-    expires_at: float = 0.0
-
-
-@dataclass
-class Fault:
-    kind: str
-    node: str
-    t0: float
-    t1: float = 0.0
-
-
-@dataclass
-class Report:
-    config: Config
-    operations: int
-    faults: list[Fault]
-    published: int
-    acked: int
-    lost: list[tuple[str, int]]
-    duplicates_delivered: int
-    order_violations: list[str]
-    exclusivity_violations: list[str]
-    unfenced_violations: list[str]
-    fenced_overlaps: int
-    recoveries: list[float]
-    replicas_identical: bool
-    replica_detail: str
-    elapsed: float
-    outcomes: dict[str, int] = field(default_factory=dict)
+    visibility: float = 2.0
+    slow_chance: float = 0.0
+    """Chance that a handler sleeps past its lease (`slow` times the visibility)."""
+    slow: tuple[float, float] = (1.2, 2.5)
+    batch: int = 2
+    """Leases a `settle_and_claim` worker asks for per round."""
+    kinds: tuple[str, ...] = ALL_FAULTS
+    pause: tuple[float, float] = (0.8, 2.0)
+    """How long a node or a worker stays frozen (SIGSTOP)."""
+    partition: tuple[float, float] = (1.0, 3.0)
+    """How long a node stays cut off."""
 
     @property
-    def ok(self) -> bool:
-        return (
-            not self.lost
-            and not self.order_violations
-            and not self.exclusivity_violations
-            and not self.unfenced_violations
-            and self.replicas_identical
-            and self.published == self.config.groups * self.config.messages
-        )
-
-    def summary(self) -> str:
-        kinds = Counter(f.kind for f in self.faults)
-        rec = sorted(self.recoveries)
-        recovery = (
-            f"{len(rec)} leader kills with writes after them: median {rec[len(rec) // 2]:.2f} s, "
-            f"max {rec[-1]:.2f} s"
-            if rec
-            else "no leader kill"
-        )
-        lines = [
-            f"seed {self.config.seed}: {self.config.groups} groups x {self.config.messages} "
-            f"messages, workers: {self.config.thread_workers} threads, "
-            f"{self.config.task_workers} asyncio tasks, {self.config.process_workers} processes; "
-            f"publishes paced {self.config.publish_pace * 1000:.0f} ms apart per publisher",
-            f"operations: {self.operations} ({dict(sorted(self.outcomes.items()))})",
-            f"faults injected: {len(self.faults)} ({dict(sorted(kinds.items()))})",
-            f"published: {self.published}, acked: {self.acked}, lost: {len(self.lost)}",
-            f"duplicates delivered: {self.duplicates_delivered} "
-            f"(redeliveries after a lapsed lease or an unknown ack outcome)",
-            f"order violations: {len(self.order_violations)}",
-            f"exclusivity violations (two valid leases on one group): "
-            f"{len(self.exclusivity_violations)}",
-            f"overlaps after a lapsed lease: {self.fenced_overlaps}, "
-            f"unfenced (old holder's ack succeeded): {len(self.unfenced_violations)}",
-            f"time to recover after a leader kill: {recovery}",
-            f"replicas identical: {self.replicas_identical} ({self.replica_detail})",
-            f"elapsed: {self.elapsed:.1f} s",
-        ]
-        for bad in (self.order_violations, self.exclusivity_violations, self.unfenced_violations):
-            lines += [f"  ! {v}" for v in bad[:10]]
-        return "\n".join(lines)
+    def wants_network(self) -> bool:
+        return any(kind in PARTITIONS for kind in self.kinds)
 
 
 # ----------------------------------------------------------------------------- the actors
@@ -146,8 +85,10 @@ class Report:
 def _classify(exc: BaseException) -> str:
     if isinstance(exc, LeaseLost):
         return "lease_lost"
+    if isinstance(exc, OutcomeUnknown):
+        return "unknown"  # may have applied
     if isinstance(exc, Unavailable):
-        return "unavailable"
+        return "unavailable"  # not applied (NoLeader included)
     return f"error:{type(exc).__name__}"
 
 
@@ -174,77 +115,201 @@ def publisher(
                         time.sleep(0.05)
 
 
+class Handler:
+    """What a worker does with a message: a few ms, or now and then longer than its lease."""
+
+    def __init__(self, config: Config, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.config = config
+
+    def seconds(self, leases: int = 1) -> float:
+        c = self.config
+        total = 0.0
+        for _ in range(leases):
+            slow = self.rng.random() < c.slow_chance
+            total += self.rng.uniform(*c.slow) * c.visibility if slow else self.rng.uniform(0, 0.01)
+        return total
+
+
+class Log:
+    """One actor's entries in the shared log."""
+
+    def __init__(self, actor: str, log: list[Op]) -> None:
+        self.actor = actor
+        self.log = log
+
+    def claimed(self, t0: float, lease: Lease) -> None:
+        e = lease.event
+        self.log.append(
+            Op("claim", self.actor, t0, time.time(), "ok", e["g"], e["i"], lease.seq,
+               lease.attempts, lease.expires_at, lease.token)
+        )  # fmt: skip
+
+    def claim_failed(self, t0: float, exc: BaseException) -> None:
+        self.log.append(Op("claim", self.actor, t0, time.time(), _classify(exc)))
+
+    def acked(self, t0: float, lease: Lease, outcome: str) -> None:
+        e = lease.event
+        self.log.append(
+            Op("ack", self.actor, t0, time.time(), outcome, e["g"], e["i"], lease.seq,
+               token=lease.token)
+        )  # fmt: skip
+
+
+def _round_outcomes(held: Sequence[Lease], lost: Sequence[Lease], resent: bool) -> list[str]:
+    """Per acked lease: lost leases were fenced; after a resend, success is at-least-once."""
+    return ["lease_lost" if lease in lost else "resent" if resent else "ok" for lease in held]
+
+
 def thread_worker(
-    url: str, queue: str, name: str, done: Callable[[], bool], log: list[Op], seed: int
-) -> None:
-    rng = random.Random(seed)
+    url: str, queue: str, name: str, done: Callable[[], bool], log: list[Op], seed: int,
+    config: Config,
+) -> None:  # fmt: skip
     with _transport(url, queue) as q:
-        while not done():
-            t0 = time.time()
-            try:
-                lease = q.claim(name, VISIBILITY)
-            except QueueError as exc:
-                log.append(Op("claim", name, t0, time.time(), _classify(exc)))
-                time.sleep(0.05)
-                continue
-            if lease is None:
-                time.sleep(0.02)
-                continue
-            e = lease.event
-            log.append(
-                Op("claim", name, t0, time.time(), "ok", e["g"], e["i"], lease.seq,
-                   lease.attempts, lease.expires_at)
-            )  # fmt: skip
-            time.sleep(rng.uniform(0, 0.01))
-            resent = q.resent
-            t0 = time.time()
-            try:
-                q.ack(lease)
-                outcome = "resent" if q.resent != resent else "ok"
-            except QueueError as exc:
-                outcome = _classify(exc)
-            log.append(Op("ack", name, t0, time.time(), outcome, e["g"], e["i"], lease.seq))
+        if seed % 2:
+            _settle_and_claim_loop(q, Log(name, log), done, Handler(config, seed), config)
+        else:
+            _claim_ack_loop(q, Log(name, log), done, Handler(config, seed), config)
+
+
+def _claim_ack_loop(
+    q: RqliteTransport, log: Log, done: Callable[[], bool], handler: Handler, config: Config
+) -> None:
+    while not done():
+        t0 = time.time()
+        try:
+            lease = q.claim(log.actor, config.visibility)
+        except QueueError as exc:
+            log.claim_failed(t0, exc)
+            time.sleep(0.05)
+            continue
+        if lease is None:
+            time.sleep(0.02)
+            continue
+        log.claimed(t0, lease)
+        time.sleep(handler.seconds())
+        resent = q.resent
+        t0 = time.time()
+        try:
+            q.ack(lease)
+            outcome = "resent" if q.resent != resent else "ok"
+        except QueueError as exc:
+            outcome = _classify(exc)
+        log.acked(t0, lease, outcome)
+
+
+def _settle_and_claim_loop(
+    q: RqliteTransport, log: Log, done: Callable[[], bool], handler: Handler, config: Config
+) -> None:
+    """Ack the last round's leases and claim the next ones in one write. A failed round drops
+    its leases (they lapse and come back), as a crashed worker would."""
+    held: list[Lease] = []
+    while held or not done():
+        n = 0 if done() else config.batch
+        resent = q.resent
+        t0 = time.time()
+        try:
+            if held:
+                got = q.settle_and_claim(log.actor, config.visibility, n, ack=held)
+                leases, lost = got.leases, got.lost
+            else:  # nothing to settle: `claim_many` asks the node first when idle
+                leases, lost = q.claim_many(log.actor, config.visibility, n), []
+        except QueueError as exc:
+            for lease in held:
+                log.acked(t0, lease, _classify(exc))
+            if n:
+                log.claim_failed(t0, exc)
+            held = []
+            time.sleep(0.05)
+            continue
+        for lease, outcome in zip(
+            held, _round_outcomes(held, lost, q.resent != resent), strict=True
+        ):
+            log.acked(t0, lease, outcome)
+        for lease in leases:
+            log.claimed(t0, lease)
+        held = leases
+        time.sleep(handler.seconds(len(leases)) if leases else 0.02)
 
 
 async def task_worker(
-    url: str, queue: str, name: str, done: Callable[[], bool], log: list[Op], seed: int
-) -> None:
-    rng = random.Random(seed)
+    url: str, queue: str, name: str, done: Callable[[], bool], log: list[Op], seed: int,
+    config: Config,
+) -> None:  # fmt: skip
     async with AsyncRqliteTransport(url, timeout=HTTP_TIMEOUT, queue=queue, deadline=DEADLINE) as q:
-        while not done():
-            t0 = time.time()
-            try:
-                lease = await q.claim(name, VISIBILITY)
-            except QueueError as exc:
-                log.append(Op("claim", name, t0, time.time(), _classify(exc)))
-                await asyncio.sleep(0.05)
-                continue
-            if lease is None:
-                await asyncio.sleep(0.02)
-                continue
-            e = lease.event
-            log.append(
-                Op("claim", name, t0, time.time(), "ok", e["g"], e["i"], lease.seq,
-                   lease.attempts, lease.expires_at)
-            )  # fmt: skip
-            await asyncio.sleep(rng.uniform(0, 0.01))
-            resent = q.resent
-            t0 = time.time()
-            try:
-                await q.ack(lease)
-                outcome = "resent" if q.resent != resent else "ok"
-            except QueueError as exc:
-                outcome = _classify(exc)
-            log.append(Op("ack", name, t0, time.time(), outcome, e["g"], e["i"], lease.seq))
+        if seed % 2:
+            await _async_settle_and_claim_loop(
+                q, Log(name, log), done, Handler(config, seed), config
+            )
+        else:
+            await _async_claim_ack_loop(q, Log(name, log), done, Handler(config, seed), config)
+
+
+async def _async_claim_ack_loop(
+    q: AsyncRqliteTransport, log: Log, done: Callable[[], bool], handler: Handler, config: Config
+) -> None:
+    while not done():
+        t0 = time.time()
+        try:
+            lease = await q.claim(log.actor, config.visibility)
+        except QueueError as exc:
+            log.claim_failed(t0, exc)
+            await asyncio.sleep(0.05)
+            continue
+        if lease is None:
+            await asyncio.sleep(0.02)
+            continue
+        log.claimed(t0, lease)
+        await asyncio.sleep(handler.seconds())
+        resent = q.resent
+        t0 = time.time()
+        try:
+            await q.ack(lease)
+            outcome = "resent" if q.resent != resent else "ok"
+        except QueueError as exc:
+            outcome = _classify(exc)
+        log.acked(t0, lease, outcome)
+
+
+async def _async_settle_and_claim_loop(
+    q: AsyncRqliteTransport, log: Log, done: Callable[[], bool], handler: Handler, config: Config
+) -> None:
+    held: list[Lease] = []
+    while held or not done():
+        n = 0 if done() else config.batch
+        resent = q.resent
+        t0 = time.time()
+        try:
+            if held:
+                got = await q.settle_and_claim(log.actor, config.visibility, n, ack=held)
+                leases, lost = got.leases, got.lost
+            else:
+                leases, lost = await q.claim_many(log.actor, config.visibility, n), []
+        except QueueError as exc:
+            for lease in held:
+                log.acked(t0, lease, _classify(exc))
+            if n:
+                log.claim_failed(t0, exc)
+            held = []
+            await asyncio.sleep(0.05)
+            continue
+        for lease, outcome in zip(
+            held, _round_outcomes(held, lost, q.resent != resent), strict=True
+        ):
+            log.acked(t0, lease, outcome)
+        for lease in leases:
+            log.claimed(t0, lease)
+        held = leases
+        await asyncio.sleep(handler.seconds(len(leases)) if leases else 0.02)
 
 
 def process_worker(
-    url: str, queue: str, name: str, stop_file: str, log_file: str, seed: int
+    url: str, queue: str, name: str, stop_file: str, log_file: str, seed: int, config: Config
 ) -> None:
     """A worker in its own process: same loop, log written as JSON lines at the end."""
     log: list[Op] = []
     try:
-        thread_worker(url, queue, name, lambda: os.path.exists(stop_file), log, seed)
+        thread_worker(url, queue, name, lambda: os.path.exists(stop_file), log, seed, config)
     finally:
         with open(log_file, "w") as f:
             for op in log:
@@ -254,262 +319,315 @@ def process_worker(
 # ---------------------------------------------------------------------------- the nemesis
 
 
-def nemesis(cluster: Cluster, config: Config, stop: threading.Event, faults: list[Fault]) -> None:
-    """On a seeded schedule: kill -9 the leader (restart it a little later), or SIGSTOP the
-    leader or a follower for longer than the election timeout, then SIGCONT."""
-    rng = random.Random(config.seed)
-    for _ in range(config.faults):
-        if stop.wait(rng.uniform(*config.fault_gap)):
-            return
-        action = rng.choice(["kill_leader", "pause_leader", "pause_follower"])
+class Nemesis:
+    """On a seeded schedule, one fault at a time, each undone before the next, every kind
+    once in each round of faults:
+
+    - kill_leader: kill -9 the leader, restart it 0.5-2 s later;
+    - pause_leader / pause_follower: SIGSTOP a node (longer than the election timeout);
+    - partition_leader / partition_follower: cut a node off from the other two (it still
+      answers clients), watching that the majority elects a leader and the cut-off leader
+      steps down;
+    - pause_worker: SIGSTOP a worker process, so the leases it holds lapse under it."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        net: Network | None,
+        workers: Sequence[multiprocessing.process.BaseProcess],
+        config: Config,
+        stop: threading.Event,
+    ) -> None:
+        self.cluster = cluster
+        self.net = net
+        self.workers = workers
+        self.config = config
+        self.stop = stop
+        self.rng = random.Random(config.seed)
+        self.faults: list[Fault] = []
+        self._deck: list[str] = []
+        self.error: BaseException | None = None
+        self.kinds = [
+            k
+            for k in config.kinds
+            if (k not in PARTITIONS or net is not None) and (k not in WORKER_FAULTS or workers)
+        ]
+
+    def run(self) -> None:
         try:
-            leader = cluster.leader(timeout=10)
+            for _ in range(self.config.faults):
+                if self.stop.wait(self.rng.uniform(*self.config.fault_gap)):
+                    return
+                self._one(self._next_kind())
+        except BaseException as exc:  # the run must fail, not go on with fewer faults
+            self.error = exc
+        finally:
+            self._settle()
+
+    def _next_kind(self) -> str:
+        """Every kind once per round, in a seeded order: a short run still sees each one."""
+        if not self._deck:
+            self._deck = self.rng.sample(self.kinds, len(self.kinds))
+        return self._deck.pop()
+
+    def _one(self, kind: str) -> None:
+        if kind == "pause_worker":
+            self._pause_worker(self.rng.choice(self.workers))
+            return
+        try:
+            leader = self.cluster.leader(timeout=10)
         except Exception:  # no leader right now: let the cluster settle
-            continue
-        if action == "kill_leader":
-            fault = Fault(action, leader.node_id, time.time())
-            leader.kill()
-            faults.append(fault)
-            stop.wait(rng.uniform(0.5, 2.0))
-            leader.restart()
-            fault.t1 = time.time()
+            return
+        followers = [n for n in self.cluster.nodes if n is not leader and n.is_running]
+        node = leader if kind.endswith("leader") or not followers else self.rng.choice(followers)
+        if kind == "kill_leader":
+            self._kill(node)
+        elif kind.startswith("pause"):
+            self._pause_node(kind, node)
         else:
-            followers = [n for n in cluster.nodes if n is not leader and n.is_running]
-            node = leader if action == "pause_leader" or not followers else rng.choice(followers)
-            fault = Fault(action, node.node_id, time.time())
-            node.pause()
-            faults.append(fault)
-            stop.wait(rng.uniform(0.8, 2.0))  # election timeout is 0.4 s
+            self._partition(kind, node, leader)
+
+    def _fault(self, kind: str, node: str) -> Fault:
+        fault = Fault(kind, node, time.time())
+        self.faults.append(fault)
+        return fault
+
+    def _kill(self, node: Node) -> None:
+        fault = self._fault("kill_leader", node.node_id)
+        node.kill()
+        self.stop.wait(self.rng.uniform(0.5, 2.0))
+        node.restart()
+        fault.t1 = time.time()
+
+    def _pause_node(self, kind: str, node: Node) -> None:
+        fault = self._fault(kind, node.node_id)
+        node.pause()
+        try:
+            self.stop.wait(self.rng.uniform(*self.config.pause))  # election timeout: 0.4 s
+        finally:
             node.resume()
             fault.t1 = time.time()
-    # Leave every node running and the cluster settled for the final comparison.
-    for node in cluster.nodes:
-        if not node.is_running:
-            node.restart()
+
+    def _partition(self, kind: str, node: Node, leader: Node) -> None:
+        assert self.net is not None
+        k = self.cluster.nodes.index(node)
+        fault = self._fault(kind, node.node_id)
+        self.net.partition(k)
+        try:
+            self._watch(fault, node, leader, fault.t0 + self.rng.uniform(*self.config.partition))
+        finally:
+            self.net.heal(k)
+            fault.t1 = time.time()
+
+    def _watch(self, fault: Fault, cut: Node, leader: Node, until: float) -> None:
+        """Until `until`: when did the majority side have a leader, and the cut node stop
+        being one? (Clients reach every node: only node-to-node traffic is cut.)"""
+        others = [n for n in self.cluster.nodes if n is not cut]
+        while time.time() < until and not self.stop.is_set():
+            states = {n.node_id: _raft_state(n) for n in self.cluster.nodes}
+            now = time.time() - fault.t0
+            if fault.elected is None and any(states[n.node_id] == "Leader" for n in others):
+                fault.elected = now
+            if cut is leader and fault.stepped_down is None and states[cut.node_id] != "Leader":
+                fault.stepped_down = now
+            time.sleep(0.1)
+
+    def _pause_worker(self, worker: multiprocessing.process.BaseProcess) -> None:
+        if worker.pid is None or not worker.is_alive():
+            return
+        fault = self._fault("pause_worker", worker.name)
+        os.kill(worker.pid, signal.SIGSTOP)
+        try:
+            self.stop.wait(self.rng.uniform(*self.config.pause))
+        finally:
+            os.kill(worker.pid, signal.SIGCONT)
+            fault.t1 = time.time()
+
+    def _settle(self) -> None:
+        """Leave every node running and connected, and every worker running."""
+        if self.net is not None:
+            for k in list(self.net.cut):
+                self.net.heal(k)
+        for node in self.cluster.nodes:
+            if node.paused:
+                node.resume()
+            if not node.is_running:
+                node.restart()
+        for worker in self.workers:
+            if worker.pid is not None and worker.is_alive():
+                os.kill(worker.pid, signal.SIGCONT)
+
+
+def _raft_state(node: Node) -> str:
+    try:
+        return str(node.status(timeout=0.5)["store"]["raft"]["state"])
+    except Exception:  # a node that does not answer is not a leader anyone can use
+        return "unknown"
 
 
 # ------------------------------------------------------------------------------- the run
 
 
+@contextlib.contextmanager
+def _network(config: Config) -> Iterator[tuple[Network | None, str]]:
+    """The private network the partitions need (removed on exit, whatever happens), or None
+    and one printed line saying why it cannot be made here."""
+    if not config.wants_network:
+        yield None, "loopback (no partitions asked for)"
+        return
+    net = None
+    reason = why_unavailable()
+    if reason is None:
+        try:
+            net = open_network(3)
+        except NetworkUnavailable as exc:
+            reason = str(exc)
+    if net is None:
+        print(f"chaos: network partitions skipped: {reason}")
+        yield None, f"loopback (partitions skipped: {reason})"
+        return
+    try:
+        yield net, f"one namespace per node on {net.subnet}, partitions by iptables"
+    finally:
+        net.destroy()
+
+
 def run(config: Config, binary: str, workdir: Path) -> Report:
-    queue = f"chaos{config.seed}_{os.getpid()}"
+    start = time.time()
+    with _network(config) as (net, network):
+        hosts = net.hosts if net is not None else None
+        wrappers = net.wrappers if net is not None else None
+        with Cluster(3, binary=binary, hosts=hosts, wrappers=wrappers) as cluster:
+            log, faults, remaining = _drive(config, cluster, net, workdir, start)
+            identical, detail = _compare_replicas(cluster, _queue(config))
+    return check(
+        config,
+        log,
+        faults,
+        remaining=remaining,
+        identical=identical,
+        detail=detail,
+        elapsed=time.time() - start,
+        network=network,
+    )
+
+
+def _queue(config: Config) -> str:
+    return f"chaos{config.seed}_{os.getpid()}"
+
+
+def _drive(
+    config: Config, cluster: Cluster, net: Network | None, workdir: Path, start: float
+) -> tuple[list[Op], list[Fault], int]:
+    """Publish, work and inject faults until every message is acked; return the log, the
+    faults and how many messages were left in the queue."""
+    queue, url = _queue(config), cluster.url
     groups = [f"g{k:04d}" for k in range(config.groups)]
     log: list[Op] = []
-    faults: list[Fault] = []
-    start = time.time()
-    with Cluster(3, binary=binary) as cluster:
-        url = cluster.url
-        _transport(url, queue).setup()
-        publishing = [
-            threading.Thread(
-                target=publisher,
-                args=(
-                    url,
-                    queue,
-                    groups[p :: config.publishers],
-                    config.messages,
-                    config.publish_pace,
-                    log,
-                ),
-            )
-            for p in range(config.publishers)
-        ]
-        finished = threading.Event()
-        stop_file = str(workdir / "stop")
-
-        def done() -> bool:
-            return finished.is_set()
-
-        workers = [
-            threading.Thread(target=thread_worker, args=(url, queue, f"t{k}", done, log, k))
-            for k in range(config.thread_workers)
-        ]
-
-        def tasks() -> None:
-            async def main() -> None:
-                await asyncio.gather(
-                    *(
-                        task_worker(url, queue, f"a{k}", done, log, 100 + k)
-                        for k in range(config.task_workers)
-                    )
-                )
-
-            asyncio.run(main())
-
-        workers.append(threading.Thread(target=tasks))
-        spawn = multiprocessing.get_context("spawn")
-        processes = [
-            spawn.Process(
-                target=process_worker,
-                args=(url, queue, f"p{k}", stop_file, str(workdir / f"p{k}.jsonl"), 200 + k),
-            )
-            for k in range(config.process_workers)
-        ]
-        stop_nemesis = threading.Event()
-        chaos = threading.Thread(target=nemesis, args=(cluster, config, stop_nemesis, faults))
-        for t in (*publishing, *workers, chaos):
-            t.start()
+    _transport(url, queue).setup()
+    publishing = [
+        threading.Thread(
+            target=publisher,
+            args=(url, queue, groups[p :: config.publishers], config.messages,
+                  config.publish_pace, log),
+        )
+        for p in range(config.publishers)
+    ]  # fmt: skip
+    finished = threading.Event()
+    stop_file = str(workdir / "stop")
+    workers = [
+        threading.Thread(target=thread_worker,
+                         args=(url, queue, f"t{k}", finished.is_set, log, k, config))
+        for k in range(config.thread_workers)
+    ]  # fmt: skip
+    workers.append(threading.Thread(target=_tasks, args=(url, queue, finished, log, config)))
+    spawn = multiprocessing.get_context("spawn")
+    processes = [
+        spawn.Process(
+            target=process_worker,
+            args=(url, queue, f"p{k}", stop_file, str(workdir / f"p{k}.jsonl"), 200 + k, config),
+            name=f"p{k}",
+        )
+        for k in range(config.process_workers)
+    ]
+    stop_nemesis = threading.Event()
+    nemesis = Nemesis(cluster, net, processes, config, stop_nemesis)
+    chaos = threading.Thread(target=nemesis.run)
+    for p in processes:
+        p.start()
+    for t in (*publishing, *workers, chaos):
+        t.start()
+    remaining = -1
+    try:
+        for t in publishing:
+            t.join(config.time_limit)
+        chaos.join(config.time_limit)
+        remaining = _wait_drained(url, queue, start + config.time_limit)
+    finally:
+        stop_nemesis.set()
+        finished.set()
+        Path(stop_file).touch()
+        chaos.join(60)
+        for t in workers:
+            t.join(60)
         for p in processes:
-            p.start()
-        try:
-            for t in publishing:
-                t.join(config.time_limit)
-            chaos.join(config.time_limit)
-            _wait_drained(url, queue, start + config.time_limit)
-        finally:
-            stop_nemesis.set()
-            finished.set()
-            Path(stop_file).touch()
-            chaos.join(60)
-            for t in workers:
-                t.join(60)
-            for p in processes:
-                p.join(60)
-                if p.is_alive():
-                    p.kill()
-        for k in range(config.process_workers):
-            path = workdir / f"p{k}.jsonl"
-            if path.exists():
-                log += [Op(**json.loads(line)) for line in path.read_text().splitlines()]
-        identical, detail = _compare_replicas(cluster, queue)
-    return check(config, log, faults, identical, detail, time.time() - start)
+            p.join(60)
+            if p.is_alive():
+                p.kill()
+    if nemesis.error is not None:
+        raise RuntimeError(f"the nemesis failed: {nemesis.error!r}") from nemesis.error
+    for k in range(config.process_workers):
+        path = workdir / f"p{k}.jsonl"
+        if path.exists():
+            log += [Op(**json.loads(line)) for line in path.read_text().splitlines()]
+    return log, nemesis.faults, remaining
 
 
-def _wait_drained(url: str, queue: str, give_up: float) -> None:
+def _tasks(url: str, queue: str, finished: threading.Event, log: list[Op], config: Config) -> None:
+    async def main() -> None:
+        await asyncio.gather(
+            *(
+                task_worker(url, queue, f"a{k}", finished.is_set, log, 100 + k, config)
+                for k in range(config.task_workers)
+            )
+        )
+
+    asyncio.run(main())
+
+
+def _wait_drained(url: str, queue: str, give_up: float) -> int:
+    """Wait until the queue is empty; return its depth (-1: never read)."""
+    depth = -1
     with _transport(url, queue) as q:
         while time.time() < give_up:
-            try:
-                if q.stats().depth == 0:
-                    return
-            except QueueError:
-                pass
+            with contextlib.suppress(QueueError):  # a fault may still be settling
+                depth = q.stats().depth
+            if depth == 0:
+                return 0
             time.sleep(0.2)
+    return depth
 
 
 def _compare_replicas(cluster: Cluster, queue: str) -> tuple[bool, str]:
     """Read every table of the queue from each node with level=none and compare."""
-    tables = ["meta", "messages", "groups", "dead", "dedup", "retired"]
+    tables = ["meta", "messages", "groups", "dead", "dedup"]
     deadline = time.time() + 30
     snapshots: list[list[Any]] = []
-    while time.time() < deadline:
-        snapshots = []
-        for node in cluster.nodes:
-            body = [[f"SELECT * FROM rq_{queue}_{t} ORDER BY 1"] for t in tables]
-            try:
-                r = httpx.post(
-                    node.http_url + "/db/query", params={"level": "none"}, json=body, timeout=5
-                )
-                snapshots.append([res.get("values", []) for res in r.json()["results"]])
-            except (httpx.HTTPError, ValueError, KeyError) as exc:
-                snapshots.append([f"unreadable: {exc}"])
-        if all(s == snapshots[0] for s in snapshots):
-            rows = sum(len(t) for t in snapshots[0])
-            return True, f"{len(cluster.nodes)} nodes, {len(tables)} tables, {rows} rows each"
-        time.sleep(0.5)
+    with httpx.Client(timeout=5, trust_env=False) as http:
+        while time.time() < deadline:
+            snapshots = []
+            for node in cluster.nodes:
+                body = [[f"SELECT * FROM rq_{queue}_{t} ORDER BY 1"] for t in tables]
+                try:
+                    r = http.post(node.http_url + "/db/query", params={"level": "none"}, json=body)
+                    results = r.json()["results"]
+                    snapshots.append([res.get("error") or res.get("values", []) for res in results])
+                except (httpx.HTTPError, ValueError, KeyError) as exc:
+                    snapshots.append([f"unreadable: {exc}"])
+            if all(s == snapshots[0] for s in snapshots):
+                if any(isinstance(t, str) for t in snapshots[0]):  # the same error on all nodes
+                    return False, f"unreadable: {snapshots[0]}"
+                rows = sum(len(t) for t in snapshots[0])
+                return True, f"{len(cluster.nodes)} nodes, {len(tables)} tables, {rows} rows each"
+            time.sleep(0.5)
     return False, f"differ: {[[len(t) for t in s] for s in snapshots]}"
-
-
-# ---------------------------------------------------------------------------- the checker
-
-
-def check(
-    config: Config,
-    log: Iterable[Op],
-    faults: list[Fault],
-    identical: bool,
-    detail: str,
-    elapsed: float,
-) -> Report:
-    """From the log alone:
-
-    - lost: published (publish returned) but never acked;
-    - order: a claim of message i+1 of a group must come after an ack of message i started
-      (FIFO: N+1 is never delivered before N is acked), and successful first-send acks of a
-      group come in publish order;
-    - exclusivity: no claim of a group may complete while another worker's lease on it is
-      still valid (not lapsed by the claimer's clock) and not yet released;
-    - fencing: where a claim took over a lapsed lease, the old holder's later ack must not have
-      succeeded on its first send (it must get LeaseLost, or an unknown outcome).
-    """
-    ops = sorted(log, key=lambda op: op.t0)
-    published = {(o.group, o.i) for o in ops if o.kind == "publish" and o.outcome == "ok"}
-    acks_ok = [o for o in ops if o.kind == "ack" and o.outcome in ("ok", "resent")]
-    acked = {(o.group, o.i) for o in acks_ok}
-    claims = [o for o in ops if o.kind == "claim" and o.outcome == "ok"]
-    deliveries = Counter((o.group, o.i) for o in claims)
-
-    order: list[str] = []
-    ack_started: dict[tuple[str, int], float] = {}
-    for o in ops:
-        if o.kind == "ack":
-            ack_started.setdefault((o.group, o.i), o.t0)
-    for c in claims:
-        if c.i > 0:
-            prev = ack_started.get((c.group, c.i - 1))
-            if prev is None or prev > c.t1:
-                order.append(f"{c.group}: message {c.i} claimed at {c.t1:.3f} before message "
-                             f"{c.i - 1} was acked")  # fmt: skip
-    by_group: dict[str, list[Op]] = defaultdict(list)
-    for a in sorted((a for a in acks_ok if a.outcome == "ok"), key=lambda a: a.t1):
-        by_group[a.group].append(a)
-    for group, acks in by_group.items():
-        seen = [a.i for a in acks]
-        if seen != sorted(seen):
-            order.append(f"{group}: acks out of order {seen}")
-
-    # Each claim's hold ends where its holder's next ack on it starts (or never).
-    release: dict[tuple[str, int, str, float], float] = {}
-    for c in claims:
-        later = [a.t0 for a in ops if a.kind == "ack" and a.actor == c.actor
-                 and a.seq == c.seq and a.t0 >= c.t1]  # fmt: skip
-        release[(c.actor, c.seq, c.group, c.t0)] = min(later) if later else float("inf")
-    claims_by_group: dict[str, list[Op]] = defaultdict(list)
-    for c in claims:
-        claims_by_group[c.group].append(c)
-    exclusivity: list[str] = []
-    unfenced: list[str] = []
-    fenced = 0
-    for group, cs in claims_by_group.items():
-        for a, b in itertools.pairwise(cs):
-            held_until = release[(a.actor, a.seq, a.group, a.t0)]
-            if held_until <= b.t1:
-                continue  # a released (or started releasing) before b got the group
-            if b.t0 < a.expires_at:
-                exclusivity.append(
-                    f"{group}: {b.actor} claimed at {b.t0:.3f}-{b.t1:.3f} while {a.actor}'s "
-                    f"lease ran until {a.expires_at:.3f}"
-                )
-                continue
-            fenced += 1
-            old_acks = [o for o in ops if o.kind == "ack" and o.actor == a.actor
-                        and o.seq == a.seq and o.t0 >= b.t1]  # fmt: skip
-            if any(o.outcome == "ok" for o in old_acks):
-                unfenced.append(f"{group}: {a.actor}'s lapsed lease acked after {b.actor} took it")
-
-    recoveries = []
-    for f in faults:
-        if f.kind != "kill_leader":
-            continue
-        # The first write that started after the kill and succeeded.
-        after = [o.t1 for o in ops if o.t0 >= f.t0 and o.outcome in ("ok", "resent")
-                 and o.kind in ("ack", "publish")]  # fmt: skip
-        if after:
-            recoveries.append(min(after) - f.t0)
-    return Report(
-        config=config,
-        operations=len(ops),
-        faults=faults,
-        published=len(published),
-        acked=len(acked & published),
-        lost=sorted(published - acked),
-        duplicates_delivered=sum(n - 1 for n in deliveries.values()),
-        order_violations=order,
-        exclusivity_violations=exclusivity,
-        unfenced_violations=unfenced,
-        fenced_overlaps=fenced,
-        recoveries=recoveries,
-        replicas_identical=identical,
-        replica_detail=detail,
-        elapsed=elapsed,
-        outcomes=dict(Counter(f"{o.kind}:{o.outcome}" for o in ops)),
-    )
