@@ -19,10 +19,10 @@ linearizable read on rqlite). Every metric has a `queue` label:
 | `rqlite_queue_worker_dead_lettered_total` | counter | messages dead-lettered |
 | `rqlite_queue_worker_leases_lost_total` | counter | results dropped: the lease was taken over |
 | `rqlite_queue_worker_extended_total` | counter | lease extensions (heartbeats) |
-| `rqlite_queue_worker_claim_errors_total` | counter | round trips that failed (what they carried is resent) |
-| `rqlite_queue_worker_rounds_total` | counter | round trips: one write each, settling and claiming together |
+| `rqlite_queue_worker_claim_errors_total` | counter | round trips that failed (resent later) |
+| `rqlite_queue_worker_rounds_total` | counter | round trips (one write: settle and claim) |
 | `rqlite_queue_worker_probes_total` | counter | reads made while idle, instead of a write |
-| `rqlite_queue_worker_claim_seconds` | histogram | time per round trip that claimed (count and sum) |
+| `rqlite_queue_worker_claim_seconds` | histogram | time per round trip that claimed |
 | `rqlite_queue_worker_in_flight` | gauge | handlers running now |
 | `rqlite_queue_transport_resent_total` | counter | batches resent after an unknown outcome |
 | `rqlite_queue_depth{priority}` | gauge | messages waiting or in flight, per group priority |
