@@ -8,13 +8,20 @@ draws a random number or touches a socket, so every plan can be tested on canned
 
 from __future__ import annotations
 
-import math
-import reprlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from . import sql
+from .checks import (
+    MAX_ID_BYTES,
+    check_bool,
+    check_id,
+    check_int,
+    check_seconds,
+    check_text,
+    show,
+)
 from .codec import Codec, as_codec
 from .errors import (
     ClockSkew,
@@ -36,10 +43,6 @@ DEFAULT_MAX_SKEW = 0.25
 """A lease (claim or extend) is refused when this client's clock is proven to be further
 than this fraction of the lease's visibility from the cluster's (None: never; for a clock of
 the caller's own, such as a test's fake clock)."""
-MAX_SECONDS = 366 * 24 * 3600.0
-"""Longest visibility, delay or window accepted: a year."""
-MAX_ID_BYTES = 1024
-"""Longest group id, dedup id or worker id, encoded."""
 MAX_REASON_BYTES = 64 * 1024
 MAX_BATCH = 10_000
 """Most messages claimed, settled, listed, or named by seq in one call."""
@@ -107,11 +110,11 @@ class QueueCore:
             raise InvalidArgument(
                 f"queue name {queue!r}: use 1-40 lower-case letters, digits or '_'"
             )
-        _check_seconds(dedup_window, "dedup_window", allow_zero=False)
-        _check_int(max_payload_bytes, "max_payload_bytes", 1)
+        check_seconds(dedup_window, "dedup_window", allow_zero=False)
+        check_int(max_payload_bytes, "max_payload_bytes", 1)
         if dedup_key is not None and not callable(dedup_key):
             raise InvalidArgument(
-                f"dedup_key must be a function of the event, got {_show(dedup_key)}"
+                f"dedup_key must be a function of the event, got {show(dedup_key)}"
             )
         try:
             self.codec = as_codec(codec)
@@ -131,7 +134,7 @@ class QueueCore:
         ):
             raise InvalidArgument(
                 f"max_skew must be a fraction of visibility in [0, 1], or None; got "
-                f"{_show(max_skew)}"
+                f"{show(max_skew)}"
             )
         self.clock_skew = clock_skew
         self.max_skew = max_skew
@@ -171,7 +174,7 @@ class QueueCore:
 
     def publish_many(self, items: Iterable[PublishItem]) -> Plan[list[int]]:
         if isinstance(items, str | bytes | Mapping) or not isinstance(items, Iterable):
-            raise InvalidArgument(f"publish_many takes a list of items, got {_show(items)}")
+            raise InvalidArgument(f"publish_many takes a list of items, got {show(items)}")
         items = list(items)
         if len(items) > MAX_PUBLISH:
             raise InvalidArgument(f"at most {MAX_PUBLISH} messages per publish_many")
@@ -214,14 +217,14 @@ class QueueCore:
     def _message(
         self, group_id: str, event: Any, priority: int, dedup_id: str | None
     ) -> sql.NewMessage:
-        _check_id(group_id, "group_id")
-        _check_int(priority, "priority", 0, sql.MAX_PRIORITY)
+        check_id(group_id, "group_id")
+        check_int(priority, "priority", 0, sql.MAX_PRIORITY)
         try:
             text = self.codec.encode(event)
         except QueueError:
             raise
         except Exception as exc:  # a codec's own bug, or json's RecursionError
-            raise EncodeError(f"the codec could not encode this payload: {_show(exc)}") from exc
+            raise EncodeError(f"the codec could not encode this payload: {show(exc)}") from exc
         if not isinstance(text, str):
             raise EncodeError(f"the codec must encode to str, got {type(text).__name__}")
         if "\x00" in text:
@@ -240,7 +243,7 @@ class QueueCore:
             except Exception as exc:
                 raise InvalidArgument(f"dedup_key failed on this event: {exc!r}") from exc
         if dedup_id is not None:
-            _check_id(dedup_id, "dedup_id")
+            check_id(dedup_id, "dedup_id")
         return sql.NewMessage(group_id, text, priority, dedup_id)
 
     # ------------------------------------------------------------- settle, then claim
@@ -263,12 +266,12 @@ class QueueCore:
         Resending after an unknown outcome is safe: the claim returns what the first send took
         (same token); settlements are at-least-once (a resend that finds its lease gone, most
         likely because the first send applied, does not report it lost)."""
-        _check_int(n, "n", 0, MAX_BATCH)
-        _check_int(min_priority, "min_priority", 0, sql.MAX_PRIORITY)
-        _check_seconds(visibility, "visibility", allow_zero=False)
-        _check_bool(hold_dead, "hold_dead")
+        check_int(n, "n", 0, MAX_BATCH)
+        check_int(min_priority, "min_priority", 0, sql.MAX_PRIORITY)
+        check_seconds(visibility, "visibility", allow_zero=False)
+        check_bool(hold_dead, "hold_dead")
         if worker_id is not None or n:
-            _check_id(worker_id, "worker_id")
+            check_id(worker_id, "worker_id")
         plan = _Settlements()
         for lease in _items(ack, "ack"):
             plan.add(lease, "finish")
@@ -277,7 +280,7 @@ class QueueCore:
             plan.add(lease, "finish", reason=_reason(reason))
         for nack_pair in _items(nack, "nack"):
             lease, delay = _pair(nack_pair, "nack")
-            _check_seconds(delay, "delay", allow_zero=True)
+            check_seconds(delay, "delay", allow_zero=True)
             plan.add(lease, "give_back", delay=float(delay))
         for lease in _items(extend, "extend"):
             plan.add(lease, "extend")
@@ -338,14 +341,14 @@ class QueueCore:
     def claim(
         self, worker_id: str, visibility: float, n: int, min_priority: int
     ) -> Plan[list[Lease]]:
-        _check_int(n, "n", 1, MAX_BATCH)
+        check_int(n, "n", 1, MAX_BATCH)
         plan = self.round(
             worker_id=worker_id, visibility=visibility, n=n, min_priority=min_priority
         )
         return _then(plan, lambda r: r.leases)
 
     def probe(self, min_priority: int) -> Plan[Probe]:
-        _check_int(min_priority, "min_priority", 0, sql.MAX_PRIORITY)
+        check_int(min_priority, "min_priority", 0, sql.MAX_PRIORITY)
         self._now()
         return Plan(
             sql.probe(self.names, min_priority=min_priority),
@@ -374,17 +377,17 @@ class QueueCore:
 
     def dead_letter(self, lease: Lease, reason: str, hold: bool = False) -> Plan[None]:
         return _fenced(
-            self.round(dead=[(lease, reason)], hold_dead=_check_bool(hold, "hold")), "dead_letter"
+            self.round(dead=[(lease, reason)], hold_dead=check_bool(hold, "hold")), "dead_letter"
         )
 
     # ------------------------------------------------------------------ holds
 
     def hold(self, group_id: str) -> Plan[None]:
-        _check_id(group_id, "group_id")
+        check_id(group_id, "group_id")
         return Plan(sql.hold(self.names, group_id, now=self._now()), _nothing, _nothing)
 
     def release(self, group_id: str) -> Plan[bool]:
-        _check_id(group_id, "group_id")
+        check_id(group_id, "group_id")
         self._now()
 
         def read(reply: sql.Reply) -> bool:
@@ -395,9 +398,9 @@ class QueueCore:
     # ------------------------------------------------------------------ dead letters
 
     def dead_letters(self, limit: int, group_id: str | None) -> Plan[list[DeadLetter]]:
-        _check_int(limit, "limit", 1, MAX_BATCH)
+        check_int(limit, "limit", 1, MAX_BATCH)
         if group_id is not None:
-            _check_id(group_id, "group_id")
+            check_id(group_id, "group_id")
         self._now()
 
         def read(reply: sql.Reply) -> list[DeadLetter]:
@@ -447,8 +450,8 @@ class QueueCore:
         return Plan(sql.stats(self.names, now=now), read)
 
     def peek(self, group_id: str, limit: int) -> Plan[list[tuple[int, Any]]]:
-        _check_id(group_id, "group_id")
-        _check_int(limit, "limit", 1, MAX_BATCH)
+        check_id(group_id, "group_id")
+        check_int(limit, "limit", 1, MAX_BATCH)
         self._now()
         return Plan(
             sql.peek(self.names, group_id, limit=limit),
@@ -516,89 +519,34 @@ class _Settlements:
 # ------------------------------------------------------------------------ checks
 
 
-def _check_id(value: object, what: str, limit: int = MAX_ID_BYTES) -> None:
-    """A non-empty str of valid Unicode without NUL, at most `limit` bytes encoded."""
-    if not isinstance(value, str) or not value:
-        raise InvalidArgument(f"{what} must be a non-empty string, got {_show(value)}")
-    _check_text(value, what, limit)
-
-
-def _check_text(value: str, what: str, limit: int) -> None:
-    try:
-        size = len(value.encode("utf-8"))
-    except UnicodeEncodeError as exc:
-        raise InvalidArgument(f"{what} is not valid Unicode text: {exc.reason}") from None
-    if size > limit:
-        raise InvalidArgument(f"{what} is {size} bytes encoded; the limit is {limit}")
-    if "\x00" in value:
-        # SQLite's text functions stop at a NUL: the two backends would disagree.
-        raise InvalidArgument(f"{what} holds a NUL character")
-
-
-def _show(value: object) -> str:
-    """A short repr for messages: an argument of any size is never echoed whole."""
-    return _REPR.repr(value)
-
-
-_REPR = reprlib.Repr()
-_REPR.maxstring = _REPR.maxother = 60
-
-
-def _check_int(value: object, name: str, low: int, high: int | None = None) -> None:
-    """An int (not a bool) in [low, high]."""
-    bounds = f"in {low}-{high}" if high is not None else f">= {low}"
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidArgument(f"{name} must be an int {bounds}, got {_show(value)}")
-    if value < low or (high is not None and value > high):
-        raise InvalidArgument(f"{name} must be {bounds}, got {value}")
-
-
-def _check_seconds(value: object, name: str, *, allow_zero: bool) -> None:
-    """A finite number of seconds, > 0 (or >= 0), at most MAX_SECONDS."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidArgument(f"{name} must be a number of seconds, got {_show(value)}")
-    low_ok = value >= 0 if allow_zero else value > 0
-    if not (math.isfinite(value) and low_ok and value <= MAX_SECONDS):
-        low = ">= 0" if allow_zero else "> 0"
-        raise InvalidArgument(
-            f"{name} must be finite, {low} and <= {MAX_SECONDS:g}, got {_show(value)}"
-        )
-
-
 def _check_seqs(seqs: Sequence[int] | None) -> list[int] | None:
     if seqs is None:
         return None
     if not isinstance(seqs, list | tuple | range):
-        raise InvalidArgument(f"seqs must be a list of ints, or None for all; got {_show(seqs)}")
+        raise InvalidArgument(f"seqs must be a list of ints, or None for all; got {show(seqs)}")
     seqs = list(seqs)
     if not seqs or len(seqs) > MAX_BATCH:
         raise InvalidArgument(f"seqs must name 1-{MAX_BATCH} dead letters, or be None for all")
     for s in seqs:
-        _check_int(s, "seq", 1, 2**63 - 1)
+        check_int(s, "seq", 1, 2**63 - 1)
     return seqs
 
 
 def _reason(reason: object) -> str:
     if not isinstance(reason, str):
-        raise InvalidArgument(f"reason must be a string, got {_show(reason)}")
-    _check_text(reason, "reason", MAX_REASON_BYTES)
+        raise InvalidArgument(f"reason must be a string, got {show(reason)}")
+    check_text(reason, "reason", MAX_REASON_BYTES)
     return reason
-
-
-def _check_bool(value: object, name: str) -> bool:
-    if not isinstance(value, bool):
-        raise InvalidArgument(f"{name} must be True or False, got {_show(value)}")
-    return value
 
 
 def _held(lease: Lease) -> sql.Held:
     if not isinstance(lease, Lease):
-        raise InvalidArgument(f"not a lease: {_show(lease)}")
+        raise InvalidArgument(f"not a lease: {show(lease)}")
     if not isinstance(lease.token, str) or not lease.token:
         raise InvalidArgument("this lease has no token: it was not made by claim")
-    _check_int(lease.seq, "lease.seq", 1, 2**63 - 1)
-    _check_id(lease.group_id, "lease.group_id")
-    _check_id(lease.token, "lease.token", MAX_ID_BYTES + TOKEN_SUFFIX_BYTES)
+    check_int(lease.seq, "lease.seq", 1, 2**63 - 1)
+    check_id(lease.group_id, "lease.group_id")
+    check_id(lease.token, "lease.token", MAX_ID_BYTES + TOKEN_SUFFIX_BYTES)
     return sql.Held(lease.seq, lease.group_id, lease.token)
 
 
@@ -606,7 +554,7 @@ def _items(value: object, what: str) -> list[Any]:
     """A list or tuple of at most MAX_BATCH items (a mapping would be read as its keys, a
     string or bytes as its characters)."""
     if not isinstance(value, list | tuple):
-        raise InvalidArgument(f"{what} must be a list, got {_show(value)}")
+        raise InvalidArgument(f"{what} must be a list, got {show(value)}")
     if len(value) > MAX_BATCH:
         raise InvalidArgument(f"{what}: at most {MAX_BATCH} per call, got {len(value)}")
     return list(value)
@@ -618,7 +566,7 @@ def _leases(leases: Iterable[Lease]) -> list[Lease]:
 
 def _pair(pair: object, what: str) -> tuple[Lease, Any]:
     if not isinstance(pair, tuple) or len(pair) != 2:
-        raise InvalidArgument(f"{what} items are (lease, value) pairs, got {_show(pair)}")
+        raise InvalidArgument(f"{what} items are (lease, value) pairs, got {show(pair)}")
     return pair[0], pair[1]
 
 
@@ -654,7 +602,7 @@ def _fenced(plan: Plan[Round], call: str) -> Plan[None]:
 
 
 def _lost_message(leases: Sequence[Lease], call: str) -> str:
-    which = ", ".join(f"{_show(lease.group_id)}#{lease.seq}" for lease in leases[:10])
+    which = ", ".join(f"{show(lease.group_id)}#{lease.seq}" for lease in leases[:10])
     if len(leases) > 10:
         which += f" and {len(leases) - 10} more"
     return (
@@ -672,4 +620,4 @@ def _unpack(item: PublishItem) -> tuple[str, Any, int, str | None]:
     if isinstance(item, tuple) and len(item) in (2, 3):
         priority = item[2] if len(item) == 3 else 0
         return item[0], item[1], priority, None
-    raise InvalidArgument(f"publish item must be (group_id, event[, priority]), got {_show(item)}")
+    raise InvalidArgument(f"publish item must be (group_id, event[, priority]), got {show(item)}")

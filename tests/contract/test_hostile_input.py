@@ -39,8 +39,9 @@ from rqlite_queue import (
     Round,
     TransportClosed,
 )
+from rqlite_queue.checks import MAX_ID_BYTES, MAX_SECONDS
 from rqlite_queue.cluster import Cluster
-from rqlite_queue.core import MAX_BATCH, MAX_ID_BYTES, MAX_REASON_BYTES, MAX_SECONDS
+from rqlite_queue.core import MAX_BATCH, MAX_REASON_BYTES
 
 from .conftest import FakeClock, MakeQueue, backend_url
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._runtime import AsyncRuntime
+from ..checks import check_bool, check_int, check_seconds
 from ..core import Round
 from ..errors import (
     AuthError,
@@ -135,13 +136,14 @@ class AsyncWorker:
         heartbeat_interval: float | None = None,
     ) -> None:
         AsyncRuntime.check_handler(handler)
-        _positive_int(concurrency, "concurrency", 10_000)
-        _positive_int(max_attempts, "max_attempts", 1_000_000)
-        for value, name in ((visibility, "visibility"), (poll_interval, "poll_interval")):
-            _positive(value, name)
-        _positive(grace, "grace", allow_zero=True)
+        check_int(concurrency, "concurrency", 1, 10_000)
+        check_int(max_attempts, "max_attempts", 1, 1_000_000)
+        check_seconds(visibility, "visibility", allow_zero=False)
+        check_seconds(poll_interval, "poll_interval", allow_zero=False)
+        check_seconds(grace, "grace", allow_zero=True)
         if heartbeat_interval is not None:
-            _positive(heartbeat_interval, "heartbeat_interval")
+            check_seconds(heartbeat_interval, "heartbeat_interval", allow_zero=False)
+        check_bool(hold_group_on_dead_letter, "hold_group_on_dead_letter")
         if not isinstance(non_retryable, Sequence) or not all(
             isinstance(t, type) and issubclass(t, BaseException) for t in non_retryable
         ):
@@ -393,15 +395,3 @@ def _log_failure(lease: Lease, exc: BaseException | None, verdict: Verdict, work
             exc_info=exc,
             extra=extra,
         )
-
-
-def _positive_int(value: object, name: str, high: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
-        raise InvalidArgument(f"{name} must be an int in 1-{high}, got {value!r}")
-
-
-def _positive(value: object, name: str, *, allow_zero: bool = False) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidArgument(f"{name} must be a number of seconds, got {value!r}")
-    if not (value >= 0 if allow_zero else value > 0) or value != value or value == float("inf"):
-        raise InvalidArgument(f"{name} must be a finite number of seconds > 0, got {value!r}")
