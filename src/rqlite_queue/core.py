@@ -25,6 +25,7 @@ from .checks import (
 from .codec import Codec, as_codec
 from .errors import (
     ClockSkew,
+    DecodeError,
     EncodeError,
     InvalidArgument,
     LeaseLost,
@@ -286,16 +287,12 @@ class QueueCore:
             plan.add(lease, "extend")
         if plan.count > MAX_BATCH:
             raise InvalidArgument(f"at most {MAX_BATCH} leases settled per call")
-        claim = None
-        token = ""
-        if n:
-            token = f"{worker_id}:{self.token()}"
+        now = self._now()
         if n or plan.extend:
             self._check_skew(visibility)
-        now = self._now()
         until = now + visibility
-        if n:
-            claim = sql.Claim(token, until, n, min_priority)
+        token = f"{worker_id}:{self.token()}" if n else ""
+        claim = sql.Claim(token, until, n, min_priority) if n else None
         settle = plan.settle(now, until, hold_dead)
         prune = bool(settle.finish) and self.chance() < PRUNE_CHANCE
         batch = sql.round_trip(self.names, now=now, settle=settle, claim=claim, prune=prune)
@@ -305,14 +302,7 @@ class QueueCore:
             lost_ids = {id(lease) for lease in lost}
             return Round(
                 leases=[
-                    Lease(
-                        r.seq,
-                        r.group_id,
-                        self.codec.decode(r.event),
-                        token,
-                        r.attempts,
-                        r.expires_at,
-                    )
+                    Lease(r.seq, r.group_id, self._decode(r.event), token, r.attempts, r.expires_at)
                     for r in sql.read_leased(reply)
                 ],
                 lost=lost,
@@ -324,6 +314,14 @@ class QueueCore:
             )
 
         return Plan(batch, read, lambda reply: read(reply, replayed=True))
+
+    def _decode(self, text: str) -> Any:
+        try:
+            return self.codec.decode(text)
+        except QueueError:
+            raise
+        except Exception as exc:  # a codec's own bug
+            raise DecodeError(f"the codec could not decode a stored payload: {show(exc)}") from exc
 
     def _check_skew(self, visibility: float) -> None:
         if self.max_skew is None:
@@ -408,7 +406,7 @@ class QueueCore:
                 DeadLetter(
                     int(r[0]),
                     str(r[1]),
-                    self.codec.decode(str(r[2])),
+                    self._decode(str(r[2])),
                     int(r[3]),
                     int(r[4]),
                     str(r[5]),
@@ -455,9 +453,7 @@ class QueueCore:
         self._now()
         return Plan(
             sql.peek(self.names, group_id, limit=limit),
-            lambda reply: [
-                (int(r[0]), self.codec.decode(str(r[1]))) for r in reply["messages"].rows
-            ],
+            lambda reply: [(int(r[0]), self._decode(str(r[1]))) for r in reply["messages"].rows],
         )
 
 
