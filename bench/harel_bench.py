@@ -75,7 +75,7 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 TRANSPORTS = {
     "harel": "harel `RqliteTransport` (requests)",
-    "ours": "rqlite-queue `RqliteTransport` (httpx)",
+    "ours": "rqlite-queue `RqliteTransport` (urllib3)",
 }
 
 
@@ -241,7 +241,7 @@ def versions() -> str:
             return "?"
 
     return (
-        f"harel {v('harel')}, rqlite-queue {v('rqlite-queue')}, httpx {v('httpx')}, "
+        f"harel {v('harel')}, rqlite-queue {v('rqlite-queue')}, urllib3 {v('urllib3')}, "
         f"requests {v('requests')}, rqlited {RQLITED_VERSION}"
     )
 
@@ -323,12 +323,13 @@ def render(
         "",
         "Per event, harel's worker does claim -> load -> commit -> ack. On rqlite, harel's "
         "transport claims with three HTTP requests (an UPDATE, a `level=strong` read-back, an "
-        "UPDATE of the group's round-robin time: two Raft entries and a strong read) and acks "
-        "with one (two statements); rqlite-queue claims with one request (one Raft entry: four "
-        "statements, of which three write, even when nothing is claimable) and acks with one "
-        "(four statements, a fifth on one ack in 16). The store is the same harel SQLite "
-        "store for both, so the "
-        "difference is the queue. The rqlited nodes and the workers share this machine's "
+        "UPDATE of the group's round-robin time: three Raft entries, since rqlite sends a "
+        "strong read through its log) and acks with one (two statements); rqlite-queue claims "
+        "with one request (one Raft entry: five statements; after a claim that found nothing, "
+        "the next one first asks with a node-local read) and acks with one (two statements, "
+        "two more on one ack in 16, which prunes). The store is the same harel SQLite store "
+        "for both, so the difference is the queue. The rqlited nodes and the workers share "
+        "this machine's "
         f"{len(os.sched_getaffinity(0))} cores (load average at start {load_start}, at the end "
         f"{os.getloadavg()[0]:.2f}; other work on the machine shows as spread), so with several "
         "workers the CPU per event, more than round trips, sets the rate.",

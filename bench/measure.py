@@ -249,3 +249,69 @@ def rss_mb() -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     return float("nan")
+
+
+# ------------------------------------------------------------------------- measured windows
+
+
+@dataclass
+class Cost:
+    """What a measured window cost, in total: wall seconds, Raft log entries appended on the
+    leader (None off rqlite), CPU seconds of the server processes and of this process, and
+    whether the Raft term changed meanwhile (an election: the entry count is then suspect)."""
+
+    seconds: float
+    raft_entries: int | None
+    server_cpu: float
+    client_cpu: float
+    term_changed: bool = False
+
+    def per(self, messages: int) -> dict[str, float]:
+        """Per message: Raft entries, and server and client CPU in ms."""
+        out = {
+            "server_ms": 1e3 * self.server_cpu / messages,
+            "client_ms": 1e3 * self.client_cpu / messages,
+        }
+        if self.raft_entries is not None:
+            out["raft"] = self.raft_entries / messages
+        return out
+
+
+class Meter:
+    """Measures one window: `start()`, the work, then `stop()`. `raft` reads the leader's Raft
+    state (last log index, term); `cpu` the server processes' CPU seconds."""
+
+    def __init__(self, raft: Callable[[], Any] | None, cpu: Callable[[], float] | None) -> None:
+        self._raft = raft
+        self._cpu = cpu
+        self._t0 = self._client0 = self._server0 = 0.0
+        self._raft0: Any = None
+
+    def start(self) -> Meter:
+        self._raft0 = self._raft() if self._raft else None
+        self._server0 = self._cpu() if self._cpu else 0.0
+        self._client0 = time.process_time()
+        self._t0 = time.perf_counter()
+        return self
+
+    def stop(self) -> Cost:
+        seconds = time.perf_counter() - self._t0
+        client = time.process_time() - self._client0
+        server = (self._cpu() - self._server0) if self._cpu else 0.0
+        entries, changed = None, False
+        if self._raft and self._raft0 is not None:
+            now = self._raft()
+            entries = now.index - self._raft0.index
+            changed = now.term != self._raft0.term
+        return Cost(seconds, entries, server, client, changed)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-quantile (0..1) by linear interpolation between closest ranks."""
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    k = (len(ordered) - 1) * q
+    lo = int(k)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)

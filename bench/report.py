@@ -5,69 +5,13 @@ after the other on the same cluster), then summarised as median [min-max]."""
 
 from __future__ import annotations
 
-import math
-import statistics
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from measure import Point, Results
-
-
-@dataclass
-class Ratio:
-    values: list[float]
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.values) if self.values else float("nan")
-
-    def __str__(self) -> str:
-        if not self.values:
-            return "n/a"
-        lo, hi = min(self.values), max(self.values)
-        return f"{_num(self.median)}x [{_num(lo)}-{_num(hi)}]"
-
-
-def ratio(a: Point | None, b: Point | None, invert: bool = False) -> Ratio:
-    """a / b per repetition (b / a with `invert`). With unequal counts (a capped baseline),
-    every pairing of medians is used instead."""
-    if a is None or b is None or not a.values or not b.values:
-        return Ratio([])
-    if len(a.values) == len(b.values):
-        pairs = list(zip(a.values, b.values, strict=True))
-    else:
-        pairs = [(a.median, b.median)]
-    out = [(y / x if invert else x / y) for x, y in pairs if x > 0 and y > 0]
-    return Ratio(out)
-
-
-def _num(x: float) -> str:
-    if math.isnan(x):
-        return "n/a"
-    if x >= 100:
-        return f"{x:.0f}"
-    if x >= 10:
-        return f"{x:.1f}"
-    if x >= 1:
-        return f"{x:.2f}"
-    return f"{x:.3g}"
-
-
-def cell(p: Point | None) -> str:
-    if p is None or not p.values:
-        return "-"
-    if len(p.values) == 1:
-        return _num(p.values[0])
-    return f"{_num(p.median)} [{_num(p.low)}-{_num(p.high)}]"
-
-
-def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
-
+import report_worker
+from measure import Results
+from tables import Ratio, _num, cell, ratio, table
 
 # ------------------------------------------------------------------------------------ targets
 
@@ -180,18 +124,35 @@ def publish_md(res: Results, env: str) -> str:
     sec = f"{env}.publish"
     rows = []
     single = res.get(sec, "ours", 1)
-    for system, x, label in [
+    batches = sorted({int(p.x) for p in res.section(sec) if p.system == "ours" and p.x != 1})
+    bare = {int(p.x): p for p in res.section(sec) if p.system == "floor_rows"}
+    entries = [
         ("floor", 1, "floor: one UPDATE per request"),
         ("seed", 1, "seed: publish"),
         ("ours", 1, "ours: publish"),
-    ] + [
-        ("ours", b, f"ours: publish_many({b})")
-        for b in sorted({int(p.x) for p in res.section(sec) if p.system == "ours" and p.x != 1})
-    ]:
+    ] + [("ours", b, f"ours: publish_many({b})") for b in batches]
+    entries += [("floor_rows", b, f"bare {b}-row INSERT (one request)") for b in sorted(bare)]
+    for system, x, label in entries:
         p = res.get(sec, system, x)
-        rows.append((label, str(ratio(p, single)), str(ratio(p, res.get(sec, "seed", 1))), cell(p)))
+        vs_bare = ratio(p, bare[x]) if system == "ours" and x in bare else None
+        rows.append(
+            (
+                label,
+                str(ratio(p, single)),
+                str(ratio(p, res.get(sec, "seed", 1))),
+                str(vs_bare) if vs_bare else "",
+                cell(p),
+            )
+        )
     return table(
-        ["", "per-message throughput vs our single publish", "vs the seed's publish", "msg/s"], rows
+        [
+            "",
+            "per-message throughput vs our single publish",
+            "vs the seed's publish",
+            "vs the bare INSERT of as many rows",
+            "msg/s",
+        ],
+        rows,
     )
 
 
@@ -542,20 +503,24 @@ def plots(res: Results, out: Path) -> list[str]:
             made.append(name)
         sec = f"{env}.memory"
         if res.section(sec):
-            pts = sorted(res.section(sec), key=lambda p: int(p.x))
-            fig, ax = plt.subplots(figsize=(7, 4))
-            ax.plot([int(p.x) for p in pts], [p.values[0] for p in pts], "o-", ms=3)
-            ax.set_ylim(0, max(p.values[0] for p in pts) * 1.3)
-            ax.set_xlabel("messages drained")
-            ax.set_ylabel("client RSS, MiB")
-            ax.set_title(f"{env}: client memory while draining (claim_many(32) + ack_many)")
-            ax.grid(True, alpha=0.3)
-            name = f"{env}_memory.png"
-            fig.tight_layout()
-            fig.savefig(out / name, dpi=110)
-            plt.close(fig)
-            made.append(name)
-    return made
+            made += _memory_plot(plt, res, sec, env, out)
+    return made + report_worker.plot(res, out)
+
+
+def _memory_plot(plt: Any, res: Results, sec: str, env: str, out: Path) -> list[str]:
+    pts = sorted(res.section(sec), key=lambda p: int(p.x))
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot([int(p.x) for p in pts], [p.values[0] for p in pts], "o-", ms=3)
+    ax.set_ylim(0, max(p.values[0] for p in pts) * 1.3)
+    ax.set_xlabel("messages drained")
+    ax.set_ylabel("client RSS, MiB")
+    ax.set_title(f"{env}: client memory while draining (claim_many(32) + ack_many)")
+    ax.grid(True, alpha=0.3)
+    name = f"{env}_memory.png"
+    fig.tight_layout()
+    fig.savefig(out / name, dpi=110)
+    plt.close(fig)
+    return [name]
 
 
 # ------------------------------------------------------------------------------------ document
@@ -564,12 +529,19 @@ def plots(res: Results, out: Path) -> list[str]:
 def markdown(res: Results, meta: dict[str, str], images: list[str]) -> str:
     parts = ["# Benchmark results (generated by bench/run.py)\n"]
     parts.append(table(["", ""], [(k, v) for k, v in meta.items()]))
-    for env, title in (("rqlite", "rqlite, local 3-node cluster"), ("sqlite", "embedded SQLite")):
+    parts.append(report_worker.markdown(res, meta))
+    worker_imgs = [i for i in images if i.startswith("rqlite_worker")]
+    if worker_imgs:
+        parts.append("\n" + "\n".join(f"![{i}]({i})" for i in worker_imgs) + "\n")
+    for env, title in (
+        ("rqlite", "The transport's calls, rqlite (local 3-node cluster)"),
+        ("sqlite", "The transport's calls, embedded SQLite"),
+    ):
         if not any(p.section.startswith(env + ".") for p in res.points):
             continue
         parts.append(f"\n## {title}\n")
         heading = (
-            "Targets"
+            "Earlier targets (claim + ack against the floor and the seed; for reference)"
             if env == "rqlite"
             else "The same measures (the targets are set for the rqlite cluster; here they "
             "are for information)"
@@ -621,7 +593,7 @@ def markdown(res: Results, meta: dict[str, str], images: list[str]) -> str:
         mem = memory_md(res, env)
         if mem:
             parts.append("\n### Client memory while draining\n\n" + mem)
-        imgs = [i for i in images if i.startswith(env)]
+        imgs = [i for i in images if i.startswith(env) and i not in worker_imgs]
         if imgs:
             parts.append("\n### Plots\n\n" + "\n".join(f"![{i}]({i})" for i in imgs) + "\n")
     return "\n".join(parts)

@@ -1,8 +1,10 @@
-"""Benchmarks: ours vs the seed's algorithm vs bare rqlite, on one freshly started local 3-node
-cluster (and the embedded SQLite mode vs the seed's SQL on sqlite3).
+"""Benchmarks on one freshly started local 3-node rqlite cluster (and the embedded SQLite mode):
+the Worker and AsyncWorker against bare rqlite writes, Procrastinate on a local PostgreSQL and
+harel's own rqlite transport; idle costs and pickup latency; and the transport's operations
+against the seed's algorithm.
 
     .venv/bin/python bench/run.py            # quick: a few minutes
-    .venv/bin/python bench/run.py --full     # 1M-message backlogs, more repetitions
+    .venv/bin/python bench/run.py --full     # the 20,000-message Worker workload, 1M backlogs
 
 Writes bench/results/latest.json (every point, every repetition), latest.md (tables, ratios,
 target verdicts) and the PNG plots beside them."""
@@ -10,8 +12,10 @@ target verdicts) and the PNG plots beside them."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
+import importlib.util
 import json
 import os
 import platform
@@ -21,21 +25,30 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import report
+import worker_bench
 import workloads
 from measure import Point, Results
 from seed_transport import SeedRqliteTransport, SeedSqliteTransport
 from systems import FloorRqlite, FloorSqlite, RqliteAdmin, SqliteAdmin
+from worker_bench import Peers
 from workloads import QUEUE, Config, Env, log
 
-from rqlite_queue import AsyncRqliteTransport, RqliteTransport, SqliteTransport
+from rqlite_queue import (
+    AsyncRqliteTransport,
+    AsyncSqliteTransport,
+    RqliteTransport,
+    SqliteTransport,
+)
 from rqlite_queue.cluster import RQLITED_VERSION, Cluster, live_pids
 
 RESULTS = Path(__file__).resolve().parent / "results"
 RQLITE_WORKLOADS = (
+    "worker",
+    "idle",
     "timings",
     "size",
     "publish",
@@ -45,8 +58,19 @@ RQLITE_WORKLOADS = (
     "priority",
     "memory",
     "profile",
+    "profile_worker",
 )
-SQLITE_WORKLOADS = ("publish", "cycle", "cycle_big", "sweep", "priority", "prepare", "profile")
+SQLITE_WORKLOADS = (
+    "worker",
+    "publish",
+    "cycle",
+    "cycle_big",
+    "sweep",
+    "priority",
+    "prepare",
+    "profile",
+    "profile_worker",
+)
 
 
 def machine(full: bool, argv: list[str]) -> dict[str, str]:
@@ -75,16 +99,23 @@ def machine(full: bool, argv: list[str]) -> dict[str, str]:
         "machine": f"nproc {os.cpu_count()}, MemTotal {mem}, {cpu}",
         "load average at start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
         "software": f"Python {platform.python_version()}, SQLite {sqlite3.sqlite_version}, "
-        f"rqlited {RQLITED_VERSION} (3 nodes, data on /dev/shm, fast Raft timeouts)",
+        f"rqlited {RQLITED_VERSION} (3 nodes, data on /dev/shm, default Raft timeouts)",
         "commit": f"{commit} (plus the working tree)",
         "mode": "FULL" if full else "quick",
     }
 
 
 def run_all(
-    env: Env, cfg: Config, names: tuple[str, ...], only: set[str] | None, res: Results
+    env: Env,
+    cfg: Config,
+    names: tuple[str, ...],
+    only: set[str] | None,
+    res: Results,
+    peers: Peers,
 ) -> None:
     steps: dict[str, Callable[[], None]] = {
+        "worker": lambda: worker_bench.worker_section(env, cfg, res, peers),
+        "idle": lambda: worker_bench.idle(env, cfg, res),
         "timings": lambda: workloads.timings(env, cfg, res),
         "size": lambda: workloads.request_size(env, cfg, res),
         "publish": lambda: workloads.publish(env, cfg, res),
@@ -97,10 +128,15 @@ def run_all(
         "profile": lambda: workloads.profile(
             env, cfg, str(RESULTS / f"profile_{env.label}_claim_ack.txt")
         ),
+        "profile_worker": lambda: worker_bench.profile_async_worker(
+            env, str(RESULTS / f"profile_{env.label}_async_worker_c1.txt")
+        ),
     }
     for name in names:
         if only is not None and name not in only:
             continue
+        if env.url is not None:
+            worker_bench.drift(env, res, name)
         t0 = time.monotonic()
         steps[name]()
         log(f"== {env.label} {name} done in {time.monotonic() - t0:.1f}s")
@@ -115,6 +151,7 @@ def save(res: Results) -> None:
 
 def rqlite_env(cluster: Cluster) -> Env:
     url = cluster.wait_ready().http_url  # every client talks to the leader
+    admin = RqliteAdmin(url)
 
     def ours() -> RqliteTransport:
         t = RqliteTransport(url, timeout=120.0, queue=QUEUE)
@@ -123,13 +160,14 @@ def rqlite_env(cluster: Cluster) -> Env:
 
     return Env(
         label="rqlite",
-        admin=RqliteAdmin(url),
+        admin=admin,
         ours=ours,
         seed=lambda: SeedRqliteTransport(url),
         floor=lambda i: FloorRqlite(url, i),
         ours_async=lambda: AsyncRqliteTransport(url, timeout=120.0, queue=QUEUE),
         url=url,
         server_pids=[n.pid for n in cluster.nodes if n.pid is not None],
+        raft=admin.raft,
     )
 
 
@@ -146,7 +184,41 @@ def sqlite_env(path: str) -> Env:
         ours=ours,
         seed=lambda: SeedSqliteTransport(path),
         floor=lambda i: FloorSqlite(path, i),
+        ours_async=lambda: AsyncSqliteTransport(path, queue=QUEUE),
     )
+
+
+def _missing(*modules: str) -> list[str]:
+    return [m for m in modules if importlib.util.find_spec(m) is None]
+
+
+@contextlib.contextmanager
+def start_peers(wanted: bool) -> Iterator[Peers]:
+    """harel if installed; a local PostgreSQL for Procrastinate (installed with apt-get once if
+    missing, by bench/peers/postgres.py), stopped on exit. A peer that cannot run is skipped
+    with one line saying why."""
+    if not wanted:
+        yield Peers(skipped=("peers not run (--no-peers, --only or --no-rqlite)",))
+        return
+    skipped: list[str] = []
+    harel = not _missing("harel", "requests")
+    if not harel:
+        skipped.append("harel peer skipped: harel 0.9.0 or requests is not installed")
+    if _missing("procrastinate", "psycopg"):
+        skipped.append("procrastinate peer skipped: procrastinate or psycopg is not installed")
+        yield Peers(harel=harel, skipped=tuple(skipped))
+        return
+    from peers.postgres import LocalPostgres, PostgresUnavailable
+
+    with contextlib.ExitStack() as stack:
+        try:
+            pg = stack.enter_context(LocalPostgres())
+        except PostgresUnavailable as exc:
+            skipped.append(f"procrastinate peer skipped: PostgreSQL unavailable: {exc}")
+            yield Peers(harel=harel, skipped=tuple(skipped))
+            return
+        log(f"PostgreSQL up: {pg.version}, port {pg.port}")
+        yield Peers(pg.dsn, pg.version, harel, tuple(skipped))
 
 
 def smoke(cfg: Config) -> Config:
@@ -164,6 +236,17 @@ def smoke(cfg: Config) -> Config:
         priority_behind=2_000,
         memory_messages=min(cfg.memory_messages, 1_000),
         timing_requests=min(cfg.timing_requests, 5),
+        worker_reps=1,
+        worker_concurrency=(1, 8),
+        worker_backlog=(400, 40),
+        worker_c1_messages=50,
+        floor_writes=50,
+        procrastinate_concurrency=(8,),
+        harel_concurrency=(8,),
+        harel_window_s=1.0,
+        idle_s=2.0,
+        idle_baseline_s=1.0,
+        pickups=5,
     )
 
 
@@ -173,6 +256,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--only", help=f"comma list of: {', '.join(RQLITE_WORKLOADS)}")
     parser.add_argument("--no-rqlite", action="store_true")
     parser.add_argument("--no-sqlite", action="store_true")
+    parser.add_argument("--no-peers", action="store_true", help="no Procrastinate, no harel")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks the code only")
     parser.add_argument("--report-only", action="store_true", help="redo latest.md and plots")
     args = parser.parse_args(argv)
@@ -190,13 +274,20 @@ def main(argv: list[str]) -> int:
         res = Results()
         started = time.monotonic()
         before = live_pids()
+        wanted = not (args.no_peers or args.no_rqlite) and (only is None or "worker" in only)
         if not args.no_rqlite:
-            with Cluster(3) as cluster:
+            # rqlite's default Raft timeouts: the harness's fast ones let the leader change
+            # under load on this small machine, which would spoil the Raft entry counts.
+            with start_peers(wanted) as peers, Cluster(3, fast=False) as cluster:
+                meta["peers"] = worker_bench.describe_peers(peers)
+                for line in peers.skipped:
+                    log(line)
                 env = rqlite_env(cluster)
                 log(f"cluster up, leader {env.url}")
                 try:
                     cfg = workloads.rqlite_config(args.full)
-                    run_all(env, smoke(cfg) if args.smoke else cfg, RQLITE_WORKLOADS, only, res)
+                    cfg = smoke(cfg) if args.smoke else cfg
+                    run_all(env, cfg, RQLITE_WORKLOADS, only, res, peers)
                 finally:
                     env.admin.close()
         leftover = live_pids() - before
@@ -208,7 +299,8 @@ def main(argv: list[str]) -> int:
             env = sqlite_env(os.path.join(tmp, "bench.db"))
             try:
                 cfg = workloads.sqlite_config(args.full)
-                run_all(env, smoke(cfg) if args.smoke else cfg, SQLITE_WORKLOADS, only, res)
+                cfg = smoke(cfg) if args.smoke else cfg
+                run_all(env, cfg, SQLITE_WORKLOADS, only, res, Peers())
             finally:
                 env.admin.close()
                 shutil.rmtree(tmp, ignore_errors=True)

@@ -7,7 +7,9 @@ This is `shared/seed/` taken literally: its schema, its exact SQL, and its round
   by token (`/db/query?level=strong`), then the `groups` `UPDATE` (`/db/execute`);
 - `ack`: two statements in one request (`/db/execute?transaction`).
 
-`SeedRqliteTransport` speaks rqlite's HTTP API with a synchronous `httpx.Client`;
+`SeedRqliteTransport` speaks rqlite's HTTP API with urllib3, the library's own sync client (the
+seed used httpx; the same client on both sides keeps the comparison about the SQL and the round
+trips);
 `SeedSqliteTransport` runs the same statements on the standard `sqlite3` module, one
 transaction per request of the rqlite version (WAL and a busy timeout, as the library's
 embedded backend does, so that the comparison is about the SQL and the round trips)."""
@@ -21,7 +23,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import urllib3
+
+_HEADERS = {"Content-Type": "application/json"}
 
 # --------------------------------------------------------------------------- the seed's SQL
 
@@ -104,25 +108,28 @@ class SeedRqliteTransport:
     /db/query?level=strong."""
 
     def __init__(self, url: str, timeout: float = 600.0) -> None:
-        self.url = url.rstrip("/")
-        self._http = httpx.Client(timeout=timeout, trust_env=False)
+        self._pool = urllib3.connection_from_url(
+            url.rstrip("/"), maxsize=4, retries=False, timeout=timeout
+        )
+
+    def _post(self, path: str, body: Any) -> Any:
+        response = self._pool.urlopen(
+            "POST", path, body=json.dumps(body).encode(), headers=_HEADERS, retries=False
+        )
+        if response.status != 200:
+            raise SeedError(f"HTTP {response.status}: {response.data[:200]!r}")
+        return json.loads(response.data)
 
     def _execute(self, statements: list[Statement], transaction: bool = False) -> list[Any]:
-        params = {"transaction": ""} if transaction else {}
-        response = self._http.post(self.url + "/db/execute", params=params, json=statements)
-        response.raise_for_status()
-        results: list[Any] = response.json()["results"]
+        path = "/db/execute" + ("?transaction" if transaction else "")
+        results: list[Any] = self._post(path, statements)["results"]
         for result in results:
             if "error" in result:
                 raise SeedError(result["error"])
         return results
 
     def _query(self, sql: str, *params: Any) -> list[list[Any]]:
-        response = self._http.post(
-            self.url + "/db/query", params={"level": "strong"}, json=[[sql, *params]]
-        )
-        response.raise_for_status()
-        result = response.json()["results"][0]
+        result = self._post("/db/query?level=strong", [[sql, *params]])["results"][0]
         if "error" in result:
             raise SeedError(result["error"])
         rows: list[list[Any]] = result.get("values") or []
@@ -154,7 +161,7 @@ class SeedRqliteTransport:
         self._execute(_nack(lease, delay))
 
     def close(self) -> None:
-        self._http.close()
+        self._pool.close()
 
     def __enter__(self) -> SeedRqliteTransport:
         return self

@@ -1,30 +1,44 @@
 """What the benchmarks drive: the floor (bare rqlite / bare SQLite), raw SQL access for building
-backlogs, and the resetting of the seed's and our tables between points.
+backlogs, the resetting of the seed's, harel's and our tables between points, and the Raft
+log index and CPU of the rqlited processes.
 
 Backlogs are built on the server with one generated `INSERT ... WITH RECURSIVE ... SELECT` per
 table (rqlite replicates the statement text, so every node generates the same rows): a million
-messages cost one request and no client memory. The build is never measured."""
+messages cost one request and no client memory. The build is never measured.
+
+The floor speaks HTTP with the library's own client libraries (urllib3 for sync, aiohttp for
+asyncio), to the same endpoint as the library's writes (`/db/request?transaction`), so that a
+ratio to it measures the queue, not the HTTP client."""
 
 from __future__ import annotations
 
-import re
+import json
+import os
 import sqlite3
 import time
+from dataclasses import dataclass
 from typing import Any, Protocol
 
+import aiohttp
 import httpx
 import seed_transport as seed
+import urllib3
 
 from rqlite_queue import sql as qsql
 
 SEED_TABLES = ("messages", "groups")
+WRITE_PATH = "/db/request?transaction"
+HEADERS = {"Content-Type": "application/json"}
+POOL_SIZE = 32  # as the library's (rqlite_queue.http_sync.POOL_SIZE)
+_CLK_TCK = float(os.sysconf("SC_CLK_TCK"))
+
+
+def names(queue: str) -> qsql.Names:
+    return qsql.Names.of(queue)
 
 
 def our_tables(queue: str) -> list[str]:
-    """Every table of the library's schema for this queue (read from its DDL)."""
-    schema = qsql.schema(qsql.Names(queue))
-    found = (re.match(r"CREATE TABLE IF NOT EXISTS (\S+)", s.sql) for s in schema.statements)
-    return [m.group(1) for m in found if m]
+    return list(names(queue).tables)
 
 
 # -------------------------------------------------------------------------------- raw access
@@ -64,11 +78,25 @@ class RqliteAdmin:
             raise RuntimeError(f"rqlite: {result['error']}")
         return result["values"][0][0]
 
+    def raft(self) -> RaftState:
+        """The Raft state of the node this admin talks to (the leader)."""
+        r = self._http.get(self.url + "/status")
+        r.raise_for_status()
+        raft = r.json()["store"]["raft"]
+        return RaftState(int(raft["last_log_index"]), int(raft["term"]), str(raft["state"]))
+
     def checkpoint(self) -> None:
         """rqlite manages its own WAL."""
 
     def close(self) -> None:
         self._http.close()
+
+
+@dataclass(frozen=True)
+class RaftState:
+    index: int
+    term: int
+    state: str
 
 
 class SqliteAdmin:
@@ -97,6 +125,16 @@ class SqliteAdmin:
         self._conn.close()
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU time of these processes so far."""
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / _CLK_TCK
+
+
 # ---------------------------------------------------------------------------------- backlogs
 
 
@@ -104,6 +142,10 @@ def _series() -> str:
     """A CTE of the integers from the first bound parameter to the second, inclusive."""
     return "WITH RECURSIVE c(i) AS (SELECT ? UNION ALL SELECT i + 1 FROM c WHERE i < ?) "
 
+
+# The payload of message i: {"i": i} (harel's transport needs one of its events instead).
+EVENT_SQL = "'{\"i\":' || i || '}'"
+HAREL_EVENT_SQL = '\'{"kind":"m","data":{"i":\' || i || \'}}\''
 
 # Rows per generated INSERT: keeps each request well inside rqlite's Raft apply timeout.
 _CHUNK = 200_000
@@ -113,28 +155,31 @@ def _chunks(n: int) -> list[tuple[int, int]]:
     return [(start, min(n, start + _CHUNK) - 1) for start in range(0, n, _CHUNK)]
 
 
+def _statement(s: qsql.Statement) -> list[Any]:
+    if isinstance(s.params, dict):
+        return [s.sql, dict(s.params)] if s.params else [s.sql]
+    return [s.sql, *s.params]
+
+
 def reset_seed(admin: Admin) -> None:
     admin.execute([[s] for s in seed.DROP] + [[s] for s in seed.SCHEMA])
 
 
 def reset_ours(admin: Admin, queue: str) -> None:
-    drops: list[list[Any]] = [[f"DROP TABLE IF EXISTS {t}"] for t in our_tables(queue)]
-    schema = qsql.schema(qsql.Names(queue))
-    admin.execute(
-        drops + [[s.sql, dict(s.params)] if s.params else [s.sql] for s in schema.statements]
-    )
+    """Drop the queue's tables and create them afresh, as `setup` would (schema v2)."""
+    n = names(queue)
+    drops: list[list[Any]] = [[f"DROP TABLE IF EXISTS {t}"] for t in n.tables]
+    admin.execute(drops)
+    admin.execute([_statement(s) for s in qsql.bootstrap(n).statements])
+    admin.execute([_statement(s) for s in qsql.create(n).statements])
 
 
-def build_seed(
-    admin: Admin, messages: int, groups: int, priority: int = 0, prefix: str = "g"
-) -> None:
-    """`messages` messages round-robin over `groups` new groups (message i in group i % groups),
-    appended after whatever is queued."""
+def _build_groups(admin: Admin, table: str, groups: int, priority: int, prefix: str) -> None:
     for lo, hi in _chunks(groups):
         admin.execute(
             [
                 [
-                    "INSERT OR IGNORE INTO groups (group_id, priority) "
+                    f"INSERT OR IGNORE INTO {table} (group_id, priority) "
                     + _series()
                     + "SELECT ? || i, ? FROM c",
                     lo,
@@ -144,13 +189,28 @@ def build_seed(
                 ]
             ]
         )
+
+
+def build_seed(
+    admin: Admin,
+    messages: int,
+    groups: int,
+    priority: int = 0,
+    prefix: str = "g",
+    tables: tuple[str, str] = SEED_TABLES,
+    event_sql: str = EVENT_SQL,
+) -> None:
+    """`messages` messages round-robin over `groups` new groups (message i in group i % groups),
+    appended after whatever is queued. `tables`: (messages, groups) of the seed's schema (also
+    harel's transport, whose tables are the seed's under a prefix)."""
+    _build_groups(admin, tables[1], groups, priority, prefix)
     for lo, hi in _chunks(messages):
         admin.execute(
             [
                 [
-                    "INSERT INTO messages (group_id, event) "
+                    f"INSERT INTO {tables[0]} (group_id, event) "
                     + _series()
-                    + "SELECT ? || (i % ?), '{\"i\":' || i || '}' FROM c",
+                    + f"SELECT ? || (i % ?), {event_sql} FROM c",
                     lo,
                     hi,
                     prefix,
@@ -164,21 +224,8 @@ def build_ours(
     admin: Admin, queue: str, messages: int, groups: int, priority: int = 0, prefix: str = "g"
 ) -> None:
     """The same backlog in our schema (groups created in order, as publishes would)."""
-    n = qsql.Names(queue)
-    for lo, hi in _chunks(groups):
-        admin.execute(
-            [
-                [
-                    f"INSERT OR IGNORE INTO {n.groups} (group_id, priority) "
-                    + _series()
-                    + "SELECT ? || i, ? FROM c",
-                    lo,
-                    hi,
-                    prefix,
-                    priority,
-                ]
-            ]
-        )
+    n = names(queue)
+    _build_groups(admin, n.groups, groups, priority, prefix)
     now = time.time()
     for lo, hi in _chunks(messages):
         admin.execute(
@@ -211,49 +258,85 @@ FLOOR_SCHEMA = (
     "INSERT OR IGNORE INTO floor (id, n) " + _series() + "SELECT i, 0 FROM c",
 )
 FLOOR_UPDATE = "UPDATE floor SET n = n + 1 WHERE id = ?"
+# The bare many-row insert publish_many is compared with: the same columns and index as our
+# messages table, the rows as plain bound parameters of one multi-row VALUES.
+FLOOR_ROWS_SCHEMA = (
+    "DROP TABLE IF EXISTS floor_rows",
+    "CREATE TABLE floor_rows (seq INTEGER PRIMARY KEY AUTOINCREMENT, group_id TEXT NOT NULL, "
+    "event TEXT NOT NULL, published_at REAL NOT NULL)",
+    "CREATE INDEX floor_rows_by_group ON floor_rows (group_id, seq)",
+)
 
 
 def setup_floor(admin: Admin) -> None:
-    admin.execute([[FLOOR_SCHEMA[0]], [FLOOR_SCHEMA[1], 0, 63]])
+    admin.execute([[FLOOR_SCHEMA[0]], [FLOOR_SCHEMA[1], 0, 255]])
+
+
+def setup_floor_rows(admin: Admin) -> None:
+    admin.execute([[s] for s in FLOOR_ROWS_SCHEMA])
+
+
+def floor_rows_insert(rows: list[tuple[str, str]], now: float) -> list[Any]:
+    """One INSERT of these (group_id, event) rows, as [sql, *params]."""
+    values = ", ".join(["(?, ?, ?)"] * len(rows))
+    params: list[Any] = []
+    for group_id, event in rows:
+        params += [group_id, event, now]
+    return [f"INSERT INTO floor_rows (group_id, event, published_at) VALUES {values}", *params]
+
+
+def _check(status: int, content: bytes) -> None:
+    if status != 200:
+        raise RuntimeError(f"rqlite HTTP {status}: {content[:200]!r}")
+    reply = json.loads(content)
+    if "error" in reply or "error" in reply["results"][0]:
+        raise RuntimeError(f"rqlite: {content[:200]!r}")
 
 
 class FloorRqlite:
-    """Bare rqlite: one trivial single-row UPDATE per request (`/db/execute`): one Raft round
-    trip, the least any replicated write can cost."""
+    """Bare rqlite over urllib3 (the library's sync client): one trivial single-row UPDATE per
+    request: one Raft round trip, the least any replicated write can cost."""
 
     def __init__(self, url: str, row: int = 0) -> None:
-        self.url = url + "/db/execute"
-        self.row = row % 64
-        self._http = httpx.Client(timeout=60.0, trust_env=False)
+        self.row = row % 256
+        self._pool = urllib3.connection_from_url(url, maxsize=POOL_SIZE, retries=False)
+        self._body = json.dumps([[FLOOR_UPDATE, self.row]]).encode()
 
     def write(self) -> None:
-        r = self._http.post(self.url, json=[[FLOOR_UPDATE, self.row]])
-        r.raise_for_status()
-        if "error" in r.json()["results"][0]:
-            raise RuntimeError(r.text)
+        self.post(self._body)
+
+    def post(self, body: bytes) -> None:
+        r = self._pool.urlopen("POST", WRITE_PATH, body=body, headers=HEADERS, retries=False)
+        _check(r.status, r.data)
 
     def close(self) -> None:
-        self._http.close()
+        self._pool.close()
 
 
 class AsyncFloorRqlite:
-    def __init__(self, client: httpx.AsyncClient, url: str, row: int = 0) -> None:
-        self.url = url + "/db/execute"
-        self.row = row % 64
-        self._http = client
+    """The same over aiohttp (the library's asyncio client), one session shared by tasks."""
+
+    def __init__(self, session: aiohttp.ClientSession, url: str, row: int = 0) -> None:
+        self.url = url + WRITE_PATH
+        self._session = session
+        self._body = json.dumps([[FLOOR_UPDATE, row % 256]]).encode()
 
     async def write(self) -> None:
-        r = await self._http.post(self.url, json=[[FLOOR_UPDATE, self.row]])
-        r.raise_for_status()
-        if "error" in r.json()["results"][0]:
-            raise RuntimeError(r.text)
+        async with self._session.post(self.url, data=self._body, headers=HEADERS) as r:
+            _check(r.status, await r.read())
+
+
+def floor_session() -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=POOL_SIZE), skip_auto_headers=("User-Agent",)
+    )
 
 
 class FloorSqlite:
     """Bare SQLite: one trivial single-row UPDATE per write transaction."""
 
     def __init__(self, path: str, row: int = 0) -> None:
-        self.row = row % 64
+        self.row = row % 256
         self._conn = sqlite3.connect(
             path, timeout=60.0, isolation_level=None, check_same_thread=False
         )
@@ -262,6 +345,11 @@ class FloorSqlite:
     def write(self) -> None:
         self._conn.execute("BEGIN IMMEDIATE")
         self._conn.execute(FLOOR_UPDATE, (self.row,))
+        self._conn.execute("COMMIT")
+
+    def post_rows(self, statement: list[Any]) -> None:
+        self._conn.execute("BEGIN IMMEDIATE")
+        self._conn.execute(statement[0], statement[1:])
         self._conn.execute("COMMIT")
 
     def close(self) -> None:

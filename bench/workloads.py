@@ -1,26 +1,24 @@
-"""The workloads, each run on one `Env` (a 3-node rqlite cluster, or a local SQLite file) for
-the three systems side by side: the floor, the seed, and ours. Every point is repeated
-`cfg.reps` times; within a repetition the systems run one after the other, in an order that
-rotates from one repetition to the next."""
+"""The transport's workloads, each run on one `Env` (a 3-node rqlite cluster, or a local SQLite
+file) for the three systems side by side: the floor, the seed, and ours (the Worker section is
+in worker_bench.py). Every point is repeated `cfg.reps` times; within a repetition the systems
+run one after the other, in an order that rotates from one repetition to the next."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
-import http.client
 import json
-import os
 import sqlite3
 import statistics
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
-import httpx
 import seed_transport as seed
+import urllib3
 from measure import (
     VISIBILITY,
     AsyncFloorWorker,
@@ -37,20 +35,30 @@ from measure import (
 )
 from systems import (
     FLOOR_UPDATE,
+    HEADERS,
+    WRITE_PATH,
     Admin,
     AsyncFloorRqlite,
+    FloorRqlite,
+    FloorSqlite,
+    RaftState,
     SqliteAdmin,
     build_ours,
     build_seed,
+    cpu_seconds,
     drop_all,
+    floor_rows_insert,
+    floor_session,
     reset_ours,
     reset_seed,
     setup_floor,
+    setup_floor_rows,
 )
 
 from rqlite_queue import AsyncTransport, Transport
 from rqlite_queue.core import QueueCore
 from rqlite_queue.rqlite_http import parse_reply, request_for
+from rqlite_queue.sql import Reply
 
 QUEUE = "bench"
 
@@ -74,13 +82,25 @@ class Config:
     memory_messages: int
     timing_requests: int
     cap_s: float  # safety cap on one concurrent run
+    # The Worker section (worker_bench.py).
+    worker_reps: int = 3
+    worker_concurrency: tuple[int, ...] = (1, 8, 32, 64, 128)
+    worker_backlog: tuple[int, int] = (20_000, 2_000)  # messages, groups
+    worker_c1_messages: int = 3_000  # concurrency 1 handles only the first ones of the backlog
+    floor_writes: int = 2_000  # bare writes per floor point (concurrency 1)
+    procrastinate_concurrency: tuple[int, ...] = (1, 8, 32, 64, 128)
+    harel_concurrency: tuple[int, ...] = (1, 8, 64)
+    harel_window_s: float = 8.0  # harel's transport runs for this long (it is slow)
+    idle_s: float = 60.0
+    idle_baseline_s: float = 20.0
+    pickups: int = 50
 
 
 def rqlite_config(full: bool) -> Config:
     return Config(
-        reps=5 if full else 3,
+        reps=3,
         publish_single=300 if full else 100,
-        publish_batches={10: 30, 100: 10, 1000: 3} if full else {10: 10, 100: 5, 1000: 2},
+        publish_batches={10: 30, 100: 10, 1000: 10} if full else {10: 10, 100: 5, 1000: 5},
         workers=(1, 8, 32),
         cycle_backlog=(1000, 100),
         cycle_big_backlog=(10_000, 1_000),
@@ -89,18 +109,27 @@ def rqlite_config(full: bool) -> Config:
         many_messages=640,
         sweep_sizes=(1_000, 10_000, 100_000, 1_000_000) if full else (1_000, 10_000, 100_000),
         sweep_claims=30 if full else 15,
-        seed_budget_s=90.0 if full else 8.0,
+        seed_budget_s=45.0 if full else 8.0,
         priority_behind=1_000_000 if full else 100_000,
         priority_high=(200, 20),
-        memory_messages=1_000_000 if full else 20_000,
+        memory_messages=200_000 if full else 20_000,
         timing_requests=200 if full else 60,
         cap_s=120.0,
+        worker_reps=3 if full else 2,
+        worker_backlog=(20_000, 2_000) if full else (4_000, 400),
+        worker_c1_messages=3_000 if full else 800,
+        floor_writes=2_000 if full else 600,
+        procrastinate_concurrency=(1, 8, 32, 64, 128) if full else (1, 64),
+        harel_concurrency=(1, 8, 64) if full else (1, 64),
+        harel_window_s=8.0 if full else 3.0,
+        idle_s=60.0 if full else 15.0,
+        idle_baseline_s=20.0 if full else 5.0,
     )
 
 
 def sqlite_config(full: bool) -> Config:
     return Config(
-        reps=5 if full else 3,
+        reps=3,
         publish_single=3000 if full else 1000,
         publish_batches={10: 300, 100: 50, 1000: 10} if full else {10: 100, 100: 20, 1000: 5},
         workers=(1, 8, 32),
@@ -111,12 +140,17 @@ def sqlite_config(full: bool) -> Config:
         many_messages=640,
         sweep_sizes=(1_000, 10_000, 100_000, 1_000_000) if full else (1_000, 10_000, 100_000),
         sweep_claims=50 if full else 20,
-        seed_budget_s=60.0 if full else 6.0,
+        seed_budget_s=30.0 if full else 6.0,
         priority_behind=1_000_000 if full else 100_000,
         priority_high=(200, 20),
         memory_messages=0,
         timing_requests=0,
         cap_s=120.0,
+        worker_reps=3 if full else 2,
+        worker_concurrency=(1, 8, 64),
+        worker_backlog=(20_000, 2_000) if full else (4_000, 400),
+        worker_c1_messages=5_000 if full else 2_000,
+        floor_writes=5_000 if full else 2_000,
     )
 
 
@@ -127,10 +161,21 @@ class Env:
     ours: Callable[[], Transport]  # a set-up transport on QUEUE
     seed: Callable[[], Any]  # SeedRqliteTransport | SeedSqliteTransport, set up
     floor: Callable[[int], Any]  # FloorRqlite | FloorSqlite writing row i
-    ours_async: Callable[[], AsyncTransport] | None = None
+    ours_async: Callable[[], AsyncTransport] | None = None  # not set up (its loop's job)
     url: str | None = None  # rqlite: the node every client talks to (the leader)
     server_pids: list[int] = field(default_factory=list)
     path: str = ""  # sqlite: the database file
+    raft: Callable[[], RaftState] | None = None  # rqlite: the leader's Raft state
+
+    def server_cpu(self) -> float:
+        return cpu_seconds(self.server_pids)
+
+
+def make_core() -> QueueCore:
+    """A core on the bench's queue that never prunes (so that timed plans are all alike)."""
+    return QueueCore(
+        queue=QUEUE, clock=time.time, token=lambda: uuid.uuid4().hex, chance=lambda: 1.0
+    )
 
 
 _T0 = time.monotonic()
@@ -141,16 +186,7 @@ def log(message: str) -> None:
 
 
 def _cpu_seconds(pids: list[int]) -> float:
-    """User + system CPU time of these processes so far."""
-    total = 0
-    for pid in pids:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])
-    return total / _CLK_TCK
-
-
-_CLK_TCK = float(os.sysconf("SC_CLK_TCK"))
+    return cpu_seconds(pids)
 
 
 def settle(env: Env, timeout: float = 60.0) -> None:
@@ -171,52 +207,89 @@ def settle(env: Env, timeout: float = 60.0) -> None:
 # ------------------------------------------------------------------------------------ publish
 
 
+def _items(batch: int, k: int) -> list[tuple[str, dict[str, int]]]:
+    return [(f"p{i % 100}", {"i": i}) for i in range(k * batch, (k + 1) * batch)]
+
+
+def _publish_floor(env: Env, n: int) -> tuple[int, float]:
+    f = env.floor(0)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        f.write()
+    seconds = time.perf_counter() - t0
+    f.close()
+    return n, seconds
+
+
+def _publish_floor_rows(env: Env, batch: int, batches: int) -> tuple[int, float]:
+    """The bare many-row INSERT: `batches` requests of one `batch`-row INSERT each."""
+    setup_floor_rows(env.admin)
+    now = time.time()
+    statements = [
+        floor_rows_insert([(g, json.dumps(e)) for g, e in _items(batch, k)], now)
+        for k in range(batches)
+    ]
+    f = env.floor(0)
+    t0 = time.perf_counter()
+    for statement in statements:
+        if isinstance(f, FloorSqlite):
+            f.post_rows(statement)
+        else:
+            f.post(json.dumps([statement]).encode())
+    seconds = time.perf_counter() - t0
+    f.close()
+    return batch * batches, seconds
+
+
+def _publish_seed(env: Env, n: int) -> tuple[int, float]:
+    reset_seed(env.admin)
+    s = env.seed()
+    t0 = time.perf_counter()
+    for i in range(n):
+        s.publish(f"p{i % 100}", {"i": i})
+    seconds = time.perf_counter() - t0
+    s.close()
+    return n, seconds
+
+
+def _publish_ours(env: Env, n: int, batch: int, batches: int) -> tuple[int, float]:
+    reset_ours(env.admin, QUEUE)
+    q = env.ours()
+    if batch == 1:
+        t0 = time.perf_counter()
+        for i in range(n):
+            q.publish(f"p{i % 100}", {"i": i})
+        seconds = time.perf_counter() - t0
+        q.close()
+        return n, seconds
+    items = [_items(batch, k) for k in range(batches)]
+    t0 = time.perf_counter()
+    for chunk in items:
+        q.publish_many(chunk)
+    seconds = time.perf_counter() - t0
+    q.close()
+    return batch * batches, seconds
+
+
 def publish(env: Env, cfg: Config, res: Results) -> None:
+    """Messages (rows) per second: the floor (single-row writes), the seed's publish, ours one
+    at a time and in batches, and the bare many-row INSERT of the largest batch size."""
     sec = f"{env.label}.publish"
     n = cfg.publish_single
-    tasks: list[tuple[str, int]] = [("floor", 1), ("seed", 1), ("ours", 1)]
+    big = max(cfg.publish_batches)
+    tasks: list[tuple[str, int]] = [("floor", 1), ("seed", 1), ("ours", 1), ("floor_rows", big)]
     tasks += [("ours", b) for b in cfg.publish_batches]
     setup_floor(env.admin)
     for rep in range(cfg.reps):
         for system, batch in rotate(tasks, rep):
             if system == "floor":
-                f = env.floor(0)
-                t0 = time.perf_counter()
-                for _ in range(n):
-                    f.write()
-                seconds = time.perf_counter() - t0
-                f.close()
-                count = n
+                count, seconds = _publish_floor(env, n)
+            elif system == "floor_rows":
+                count, seconds = _publish_floor_rows(env, batch, cfg.publish_batches[batch])
             elif system == "seed":
-                reset_seed(env.admin)
-                s = env.seed()
-                t0 = time.perf_counter()
-                for i in range(n):
-                    s.publish(f"p{i % 100}", {"i": i})
-                seconds = time.perf_counter() - t0
-                s.close()
-                count = n
+                count, seconds = _publish_seed(env, n)
             else:
-                reset_ours(env.admin, QUEUE)
-                q = env.ours()
-                if batch == 1:
-                    t0 = time.perf_counter()
-                    for i in range(n):
-                        q.publish(f"p{i % 100}", {"i": i})
-                    seconds = time.perf_counter() - t0
-                    count = n
-                else:
-                    batches = cfg.publish_batches[batch]
-                    items = [
-                        [(f"p{i % 100}", {"i": i}) for i in range(k * batch, (k + 1) * batch)]
-                        for k in range(batches)
-                    ]
-                    t0 = time.perf_counter()
-                    for chunk in items:
-                        q.publish_many(chunk)
-                    seconds = time.perf_counter() - t0
-                    count = batch * batches
-                q.close()
+                count, seconds = _publish_ours(env, n, batch, cfg.publish_batches.get(batch, 0))
             p = res.add(sec, system, batch, "msg/s", count / seconds)
             log(f"{sec} {system} batch={batch}: {p.values[-1]:.0f} msg/s")
 
@@ -267,9 +340,9 @@ def _tasks(env: Env, cfg: Config, system: str, workers: int, target: int) -> Run
             finally:
                 await q.close()
         assert env.url is not None
-        async with httpx.AsyncClient(timeout=60.0, trust_env=False) as client:
+        async with floor_session() as session:
             floors = [
-                AsyncFloorWorker(AsyncFloorRqlite(client, env.url, i)) for i in range(workers)
+                AsyncFloorWorker(AsyncFloorRqlite(session, env.url, i)) for i in range(workers)
             ]
             return await run_tasks([f.step for f in floors], target, cfg.cap_s)
 
@@ -284,7 +357,7 @@ def cycle(env: Env, cfg: Config, res: Results, big: bool = False) -> None:
     setup_floor(env.admin)
     systems = ["floor", "seed", "ours"]
     if env.ours_async is not None and not big:
-        systems += ["ours_async", "floor_async"]
+        systems += ["ours_async"] + (["floor_async"] if env.url else [])
     backlog, groups = cfg.cycle_big_backlog if big else cfg.cycle_backlog
     for rep in range(cfg.reps):
         for workers in (1, 8) if big else cfg.workers:
@@ -475,97 +548,102 @@ def memory(env: Env, cfg: Config, res: Results) -> None:
 # ----------------------------------------------------------------------- where the time goes
 
 
+class _Timer:
+    """Sends requests with `?timings` over urllib3 and keeps, per kind of request, the
+    client's wall time, rqlite's `time` and the sum of the statements' SQL times (ms)."""
+
+    def __init__(self, url: str) -> None:
+        self.pool = urllib3.connection_from_url(url, maxsize=4, retries=False)
+        self.samples: dict[str, list[tuple[float, float, float]]] = {}
+
+    def send(self, op: str, path: str, body: bytes) -> tuple[int, bytes]:
+        sep = "&" if "?" in path else "?"
+        t0 = time.perf_counter()
+        r = self.pool.urlopen(
+            "POST", path + sep + "timings", body=body, headers=HEADERS, retries=False
+        )
+        wall = time.perf_counter() - t0
+        reply = json.loads(r.data)
+        results = reply["results"]
+        sql_time = sum(x.get("time", 0.0) for x in results)
+        self.samples.setdefault(op, []).append(
+            (1e3 * wall, 1e3 * reply.get("time", 0.0), 1e3 * sql_time)
+        )
+        if op.startswith("ours") and len(results) > 1:
+            for k, x in enumerate(results):
+                t = 1e3 * x.get("time", 0.0)
+                self.samples.setdefault(f"{op}, statement {k + 1}", []).append((t, t, t))
+        return r.status, r.data
+
+    def plan(self, op: str, plan: Any) -> Any:
+        """Send a core plan exactly as the library does, and read its reply."""
+        req = request_for(plan.batch)
+        status, data = self.send(op, req.path, req.body)
+        return plan.read(Reply(plan.batch, parse_reply(status, data, req.statements)))
+
+    def seed(self, op: str, path: str, statements: list[list[Any]]) -> Any:
+        return json.loads(self.send(op, path, json.dumps(statements).encode())[1])
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+def _time_ours(t: _Timer, core: QueueCore, i: int, many: int) -> None:
+    t.send("floor: UPDATE", WRITE_PATH, json.dumps([[FLOOR_UPDATE, 0]]).encode())
+    leases = t.plan("ours: claim", core.claim("t", VISIBILITY, 1, 0))
+    plan = core.round(worker_id="t", visibility=VISIBILITY, n=1, ack=leases)
+    leases = t.plan("ours: Worker round, ack 1 + claim 1", plan).leases
+    t.plan("ours: ack", core.ack(leases))
+    if i % 4 == 0:
+        t.plan("ours: probe (node-local read)", core.probe(0))
+        t.plan("ours: publish_many(100)", core.publish_many(_items(100, i)))
+        batch = t.plan(f"ours: claim_many({many})", core.claim("t", VISIBILITY, many, 0))
+        plan = core.round(worker_id="t", visibility=VISIBILITY, n=many, ack=batch)
+        again = t.plan(f"ours: Worker round, ack {many} + claim {many}", plan).leases
+        t.plan(f"ours: ack_many({many})", core.ack(again))
+
+
+def _time_seed(t: _Timer) -> None:
+    token = f"t:{uuid.uuid4()}"
+    now = time.time()
+    t.seed(
+        "seed: claim 1/3 UPDATE",
+        "/db/execute",
+        [[seed.CLAIM, token, now + VISIBILITY, now, now, 0]],
+    )
+    reply = t.seed("seed: claim 2/3 read-back", "/db/query?level=strong", [[seed.READ_BACK, token]])
+    seq, group_id, _ = reply["results"][0]["values"][0]
+    t.seed("seed: claim 3/3 groups", "/db/execute", [[seed.MARK_GROUP, time.time(), group_id]])
+    t.seed(
+        "seed: ack",
+        "/db/execute?transaction",
+        [[seed.ACK_MESSAGE, seq], [seed.ACK_GROUP, group_id, group_id]],
+    )
+
+
 def timings(env: Env, cfg: Config, res: Results) -> None:
     """Per request: the client's wall time, rqlite's own `time` for the request (`?timings`:
     the HTTP handler's whole work, Raft commit included) and the sum of its statements' SQL
-    times. Ours are sent exactly as the library sends them (`request_for`)."""
+    times. Ours are sent exactly as the library sends them (`request_for`), over urllib3 as
+    the library does, behind the Worker section's backlog."""
     assert env.url is not None
     sec = f"{env.label}.timings"
-    backlog, groups = cfg.cycle_backlog
+    backlog, groups = cfg.worker_backlog
     reset_ours(env.admin, QUEUE)
     build_ours(env.admin, QUEUE, backlog, groups)
     reset_seed(env.admin)
-    build_seed(env.admin, backlog, groups)
+    build_seed(env.admin, cfg.cycle_backlog[0], cfg.cycle_backlog[1])
     setup_floor(env.admin)
-    core = QueueCore(queue=QUEUE)
-    samples: dict[str, list[tuple[float, float, float]]] = {}
-
-    with httpx.Client(timeout=60.0, trust_env=False) as web:
-
-        def send(op: str, path: str, params: dict[str, str], body: list[list[Any]]) -> Any:
-            t0 = time.perf_counter()
-            r = web.post(env.url + path, params={**params, "timings": ""}, json=body)
-            wall = time.perf_counter() - t0
-            reply = r.json()
-            sql_time = sum(x.get("time", 0.0) for x in reply["results"])
-            samples.setdefault(op, []).append(
-                (1e3 * wall, 1e3 * reply.get("time", 0.0), 1e3 * sql_time)
-            )
-            if op.startswith("ours") and len(reply["results"]) > 1:
-                for k, x in enumerate(reply["results"]):
-                    t = 1e3 * x.get("time", 0.0)
-                    samples.setdefault(f"{op}, statement {k + 1}", []).append((t, t, t))
-            return r
-
+    settle(env)
+    core = make_core()
+    timer = _Timer(env.url)
+    try:
         for i in range(cfg.timing_requests):
-            send("floor: UPDATE", "/db/execute", {}, [[FLOOR_UPDATE, 0]])
-            plan = core.claim("t", VISIBILITY, 1, 0)
-            req = request_for(plan.batch)
-            r = send("ours: claim", req.path, dict(req.params), req.body)
-            leases = plan.read(parse_reply(r.status_code, r.content, len(req.body)))
-            ack = core.ack(leases)
-            req = request_for(ack.batch)
-            r = send("ours: ack", req.path, dict(req.params), req.body)
-            ack.read(parse_reply(r.status_code, r.content, len(req.body)))
-            if i % 4 == 0:
-                items = [(f"p{j}", {"i": j}) for j in range(100)]
-                pub = core.publish_many(items)
-                req = request_for(pub.batch)
-                r = send("ours: publish_many(100)", req.path, dict(req.params), req.body)
-                pub.read(parse_reply(r.status_code, r.content, len(req.body)))
-            token = f"t:{i}"
-            now = time.time()
-            send(
-                "seed: claim 1/3 UPDATE",
-                "/db/execute",
-                {},
-                [[seed.CLAIM, token, now + VISIBILITY, now, now, 0]],
-            )
-            r = send(
-                "seed: claim 2/3 read-back",
-                "/db/query",
-                {"level": "strong"},
-                [[seed.READ_BACK, token]],
-            )
-            seq, group_id, _ = r.json()["results"][0]["values"][0]
-            send(
-                "seed: claim 3/3 groups",
-                "/db/execute",
-                {},
-                [[seed.MARK_GROUP, time.time(), group_id]],
-            )
-            send(
-                "seed: ack",
-                "/db/execute",
-                {"transaction": ""},
-                [[seed.ACK_MESSAGE, seq], [seed.ACK_GROUP, group_id, group_id]],
-            )
-        # The same bare write from the standard library's http.client, which sends the
-        # headers and the body in one send() (httpx/h11 send them separately).
-        split = urlsplit(env.url)
-        conn = http.client.HTTPConnection(split.hostname or "127.0.0.1", split.port or 80)
-        body = json.dumps([[FLOOR_UPDATE, 0]]).encode()
-        for _ in range(cfg.timing_requests):
-            t0 = time.perf_counter()
-            conn.request("POST", "/db/execute?timings", body, {"Content-Type": "application/json"})
-            reply = json.loads(conn.getresponse().read())
-            wall = time.perf_counter() - t0
-            sql_time = sum(x.get("time", 0.0) for x in reply["results"])
-            samples.setdefault("floor: UPDATE via http.client", []).append(
-                (1e3 * wall, 1e3 * reply["time"], 1e3 * sql_time)
-            )
-        conn.close()
-    for op, rows in samples.items():
+            _time_ours(timer, core, i, cfg.many)
+            _time_seed(timer)
+    finally:
+        timer.close()
+    for op, rows in timer.samples.items():
         for j, what in enumerate(("wall", "server", "sql")):
             res.point(sec, op, what, "ms").values = [statistics.median(r[j] for r in rows)]
     # The library's own overhead: the same claim through the transport.
@@ -576,20 +654,45 @@ def timings(env: Env, cfg: Config, res: Results) -> None:
         statistics.median(lat)
     ]
     drop_all(env.admin, QUEUE)
-    log(f"{sec}: {len(samples)} request kinds timed")
+    log(f"{sec}: {len(timer.samples)} request kinds timed")
+
+
+def _size_run(env: Env, variant: str, sql_text: str, n: int) -> tuple[float, float]:
+    """n claim+ack (or floor writes) of one variant: wall and rqlited CPU, in seconds."""
+    q: Transport | None = None
+    if variant.startswith("claim"):
+        q = env.ours()
+    floor = FloorRqlite(env.url or "")
+    body = json.dumps([[sql_text, 0]]).encode()
+    time.sleep(0.2)
+    cpu0 = _cpu_seconds(env.server_pids)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        if q is not None:
+            lease = q.claim("w", VISIBILITY, 4 if "=4" in variant else 0)
+            assert lease is not None
+            q.ack(lease)
+        else:
+            floor.post(body)
+    wall = time.perf_counter() - t0
+    cpu = _cpu_seconds(env.server_pids) - cpu0
+    floor.close()
+    if q is not None:
+        q.close()
+    return wall, cpu
 
 
 def request_size(env: Env, cfg: Config, res: Results) -> None:
     """What the size of a request costs. rqlite v8 gzips a Raft command whose SQL passes 1024
-    bytes (its command marshaler), and every node then decompresses it. Two ways to claim the
-    same rows: `claim(min_priority=0)` (five union arms, over 1024 bytes) and
-    `claim(min_priority=4)` (one arm, under) on a queue whose groups are all priority 4; and
-    the floor write, plain and padded with an SQL comment past 1024 bytes."""
+    bytes (its command marshaler), and every node then decompresses it. Our claim+ack two ways
+    (`min_priority=0`: one probe of the ready index; `min_priority=4`: the per-priority arms)
+    on a queue whose groups are all priority 4; and the floor write, plain and padded with an
+    SQL comment past 1024 bytes."""
     assert env.url is not None
     sec = f"{env.label}.size"
     backlog, groups = cfg.cycle_backlog
     n = 3 * cfg.timing_requests
-    core = QueueCore(queue=QUEUE)
+    core = make_core()
     padded = FLOOR_UPDATE + " /*" + "x" * (1100 - len(FLOOR_UPDATE) - 6) + "*/"
     sizes = {
         "claim(min_priority=0) + ack": sum(
@@ -604,28 +707,11 @@ def request_size(env: Env, cfg: Config, res: Results) -> None:
     setup_floor(env.admin)
     for rep in range(cfg.reps):
         for variant in rotate(list(sizes), rep):
-            q: Transport | None = None
             if variant.startswith("claim"):
                 reset_ours(env.admin, QUEUE)
                 build_ours(env.admin, QUEUE, backlog, groups, priority=4)
-                q = env.ours()
-            web = httpx.Client(timeout=60.0, trust_env=False)
             sql_text = padded if "padded" in variant else FLOOR_UPDATE
-            time.sleep(0.2)
-            cpu0 = _cpu_seconds(env.server_pids)
-            t0 = time.perf_counter()
-            for _ in range(n):
-                if q is not None:
-                    lease = q.claim("w", VISIBILITY, 4 if "=4" in variant else 0)
-                    assert lease is not None
-                    q.ack(lease)
-                else:
-                    web.post(env.url + "/db/execute", json=[[sql_text, 0]]).raise_for_status()
-            wall = time.perf_counter() - t0
-            cpu = _cpu_seconds(env.server_pids) - cpu0
-            web.close()
-            if q is not None:
-                q.close()
+            wall, cpu = _size_run(env, variant, sql_text, n)
             res.add(sec, f"{variant}/wall", sizes[variant], "ms/op", 1e3 * wall / n)
             res.add(sec, f"{variant}/cpu", sizes[variant], "ms/op", 1e3 * cpu / n)
             log(f"{sec} {variant}: {1e3 * wall / n:.2f} ms/op, rqlited {1e3 * cpu / n:.2f} ms CPU")
@@ -641,7 +727,7 @@ def prepare_cost(path: str, res: Results, repeats: int = 300) -> None:
     reset_ours(admin, QUEUE)
     build_ours(admin, QUEUE, 1000, 100)
     admin.close()
-    core = QueueCore(queue=QUEUE)
+    core = make_core()
     for cached in (True, False):
         conn = sqlite3.connect(path, isolation_level=None, cached_statements=128 if cached else 0)
         times: dict[int, list[float]] = {}
