@@ -47,6 +47,11 @@ COMMANDS = [
     ["group"],
     ["group", "hold"],
     ["group", "release"],
+    ["schedule"],
+    ["schedule", "add"],
+    ["schedule", "list"],
+    ["schedule", "remove"],
+    ["scheduler"],
     ["cluster"],
     ["cluster", "up"],
     ["demo"],
@@ -477,6 +482,32 @@ def test_a_worker_stops_with_status_1_on_an_error_no_retry_can_mend(
     )
     assert result.returncode == 1
     assert "schema version 99" in result.stderr
+
+
+def test_delayed_publish_and_schedules(sqlite_target: Target) -> None:
+    later = run(*sqlite_target.args, "publish", "g", '"later"', "--delay", "60", "--ttl", "600")
+    assert later.returncode == 0, later.stderr
+    with sqlite_target.transport() as queue:
+        assert queue.claim("w", 30) is None and queue.stats().delayed == 1
+    added = run(*sqlite_target.args, "schedule", "add", "beat", "jobs", '{"n": 1}', "--every", "1")
+    assert added.returncode == 0 and "scheduled beat" in added.stdout, added.stderr
+    bad = run(*sqlite_target.args, "schedule", "add", "x", "jobs", "1", "--cron", "nope")
+    assert bad.returncode == 1 and "cron" in one_error_line(bad)
+    listed = run(*sqlite_target.args, "schedule", "list", "--json")
+    [row] = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert (row["name"], row["group_id"], row["every"], row["event"]) == (
+        "beat",
+        "jobs",
+        1.0,
+        {"n": 1},
+    )
+    time.sleep(1.1)
+    assert run(*sqlite_target.args, "scheduler", "--burst").returncode == 0
+    with sqlite_target.transport() as queue:
+        assert [e for _, e in queue.peek("jobs")] == [{"n": 1}]
+    removed = run(*sqlite_target.args, "schedule", "remove", "beat")
+    assert "removed beat" in removed.stdout
+    assert run(*sqlite_target.args, "schedule", "list", "--json").stdout == ""
 
 
 def test_hold_and_release_a_group(sqlite_target: Target) -> None:

@@ -24,12 +24,12 @@ from rqlite_queue.sqlite_backend import SqliteExecutor
 BACKLOG = 20_000
 # A full pass over a table or index: "SCAN t" / "SCAN t USING [COVERING] INDEX i". Fine:
 # scans of a subquery's few rows ("SCAN (subquery-2)"), of a constant row, of the JSON array a
-# batch binds (its own items: "SCAN j VIRTUAL TABLE"), of SQLite's `sqlite_sequence` (one row
-# per queue in the database: a publish reads its last seq there), and the walk of the all-ready
-# index in its own order under a LIMIT (claim without a priority floor), which stops after
-# `count` rows (`test_claim_cost_is_flat` measures that).
+# batch binds (its own items: "SCAN j VIRTUAL TABLE", or rows made of them: "SCAN x"), of
+# SQLite's `sqlite_sequence` (one row per queue in the database: a publish reads its last seq
+# there), and the walk of the all-ready index in its own order under a LIMIT (claim without a
+# priority floor), which stops after `count` rows (`test_claim_cost_is_flat` measures that).
 FULL_SCAN = re.compile(
-    r"^SCAN (?!\(|CONSTANT ROW|j VIRTUAL TABLE|sqlite_sequence$"
+    r"^SCAN (?!\(|CONSTANT ROW|\w VIRTUAL TABLE|x$|sqlite_sequence$"
     r"|rq_\w+_groups USING INDEX rq_\w+_groups_ready$)"
 )
 NO_SETTLE = sql.Settle()
@@ -62,6 +62,13 @@ def hot_batches(n: sql.Names) -> dict[str, sql.Batch]:
         "publish": publish([sql.NewMessage("g", "{}", 0)]),
         "publish dedup": publish([dedup], prune=0.5),
         "publish_many mixed": publish(mixed),
+        "publish delayed, with a ttl": publish(
+            [sql.NewMessage("g", "{}", 0, None, due=9.0, expires=20.0)]
+        ),
+        "schedules due": sql.list_schedules(n, due_by=5.0),
+        "fire schedules": sql.fire(
+            n, [sql.Fire("s", 4.0, 8.0, 3), sql.Fire("t", 2.0, 6.0, 1)], now=5.0
+        ),
         "ack": settle(finish=[held]),
         "ack_many": settle(finish=many),
         "nack": settle(give_back=[(held, 0.0)]),
@@ -86,9 +93,15 @@ def create(n: sql.Names, execute: Execute) -> None:
 
 
 def backlog(n: sql.Names, execute: Execute) -> None:
+    """BACKLOG groups of one message each, a priority-4 group, and as many delayed messages
+    (half of them the heads of their own groups, half behind the head of another)."""
     create(n, execute)
     messages = [sql.NewMessage(f"g{i}", "{}", 0) for i in range(BACKLOG)]
     messages.append(sql.NewMessage("urgent", "{}", 4))
+    messages += [
+        sql.NewMessage(f"{'later' if i % 2 else 'g'}{i}", "{}", 0, None, due=1e9, expires=2e9)
+        for i in range(BACKLOG)
+    ]
     for start in range(0, len(messages), 3000):
         execute(
             sql.publish(
@@ -199,6 +212,11 @@ def test_claim_cost_is_flat(name: str, tmp_path: Path) -> None:
         create(n, execute)
         messages = [sql.NewMessage(f"g{i}", "{}", 0) for i in range(size)]
         messages.append(sql.NewMessage("urgent", "{}", 4))
+        # As many delayed messages, half heading groups of their own, half behind others.
+        messages += [
+            sql.NewMessage(f"{'later' if i % 2 else 'g'}{i}", "{}", 0, None, due=1e9)
+            for i in range(size)
+        ]
         execute(sql.publish(n, messages, now=1.0, dedup_until=2.0, prune_before=None))
         executor.close()
         sizes[size] = vm_steps(path, batches[name])

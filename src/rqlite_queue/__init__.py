@@ -25,7 +25,7 @@ from .errors import (
     TransportClosed,
     Unavailable,
 )
-from .lease import DeadLetter, Lease, Stats
+from .lease import DeadLetter, Lease, Schedule, Stats
 from .worker_policy import Backoff, Park
 
 __all__ = [
@@ -55,6 +55,7 @@ __all__ = [
     "RawCodec",
     "Round",
     "RqliteTransport",
+    "Schedule",
     "SchemaError",
     "SqliteTransport",
     "Stats",

@@ -51,16 +51,14 @@ def check_int(value: object, name: str, low: int, high: int | None = None) -> No
         raise InvalidArgument(f"{name} must be {bounds}, got {value}")
 
 
-def check_seconds(value: object, name: str, *, allow_zero: bool) -> None:
-    """A finite number of seconds, > 0 (or >= 0), at most MAX_SECONDS."""
+def check_seconds(value: object, name: str, *, allow_zero: bool, high: float = MAX_SECONDS) -> None:
+    """A finite number of seconds, > 0 (or >= 0), at most `high` (a year by default)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidArgument(f"{name} must be a number of seconds, got {show(value)}")
     low_ok = value >= 0 if allow_zero else value > 0
-    if not (math.isfinite(value) and low_ok and value <= MAX_SECONDS):
+    if not (math.isfinite(value) and low_ok and value <= high):
         low = ">= 0" if allow_zero else "> 0"
-        raise InvalidArgument(
-            f"{name} must be finite, {low} and <= {MAX_SECONDS:g}, got {show(value)}"
-        )
+        raise InvalidArgument(f"{name} must be finite, {low} and <= {high:.0f}, got {show(value)}")
 
 
 def check_bool(value: object, name: str) -> bool:

@@ -18,6 +18,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -235,6 +236,18 @@ def _read_lines(stream: Any, default_priority: int, queue: str) -> list[dict[str
 )
 @click.option("--dedup-id", help="Publish at most once per id within the dedup window (300 s).")
 @click.option(
+    "--delay",
+    type=float,
+    metavar="SECONDS",
+    help="Not delivered before SECONDS from now (the group's later messages wait too).",
+)
+@click.option(
+    "--ttl",
+    type=float,
+    metavar="SECONDS",
+    help="Dead-lettered (reason 'expired') instead of delivered after SECONDS.",
+)
+@click.option(
     "--batch-size",
     type=click.IntRange(min=1),
     default=PUBLISH_BATCH,
@@ -248,20 +261,25 @@ def publish(
     event_json: str | None,
     priority: int,
     dedup_id: str | None,
+    delay: float | None,
+    ttl: float | None,
     batch_size: int,
 ) -> int:
     """Publish EVENT_JSON into GROUP, or JSON lines from stdin.
 
     With GROUP and EVENT_JSON, publishes one message and prints its seq. With no arguments
     (or GROUP '-'), reads one JSON object per line from stdin,
-    {"group_id": ..., "event": ..., "priority": ..., "dedup_id": ...} (priority and dedup_id
-    optional), checks every line, then publishes them in batches with a progress bar on
-    stderr. A bad line publishes nothing."""
+    {"group_id": ..., "event": ..., "priority": ..., "dedup_id": ..., "delay": ...,
+    "not_before": ..., "ttl": ...} (all but group_id and event optional), checks every line,
+    then publishes them in batches with a progress bar on stderr. A bad line publishes
+    nothing."""
     if group is None or group == "-":
         if event_json is not None:
             raise click.UsageError("EVENT_JSON cannot be given with stdin input ('-')")
-        if dedup_id is not None:
-            raise click.UsageError("--dedup-id applies to one message; put dedup_id in the lines")
+        if dedup_id is not None or delay is not None or ttl is not None:
+            raise click.UsageError(
+                "--dedup-id, --delay and --ttl apply to one message; put them in the lines"
+            )
         if sys.stdin.isatty():
             raise click.UsageError("give GROUP and EVENT_JSON, or pipe JSON lines to stdin")
         items = _read_lines(sys.stdin, priority, config.queue)
@@ -271,7 +289,7 @@ def publish(
         raise click.UsageError("missing EVENT_JSON (or use '-' to read JSON lines from stdin)")
     event = _parse_event(event_json)
     with config.transport() as queue:
-        seq = queue.publish(group, event, priority, dedup_id=dedup_id)
+        seq = queue.publish(group, event, priority, dedup_id=dedup_id, delay=delay, ttl=ttl)
     click.echo(seq)
     return 0
 
@@ -638,6 +656,116 @@ def release(config: Config, group_id: str) -> int:
         released = queue.release_group(group_id)
     _stdout().print(f"released {group_id}" if released else f"{group_id} was not held")
     return 0
+
+
+# ------------------------------------------------------------------------------ schedules
+
+
+@cli.group()
+def schedule() -> None:
+    """Periodic jobs: add, list or remove them (workers, or 'rqlite-queue scheduler',
+    publish their ticks)."""
+
+
+@schedule.command("add")
+@click.argument("name")
+@click.argument("group")
+@click.argument("event_json")
+@click.option("--every", type=float, metavar="SECONDS", help="Tick every SECONDS.")
+@click.option("--cron", metavar="EXPRESSION", help="Tick at the times of a cron expression (UTC).")
+@click.option("--priority", type=click.IntRange(0, 4), default=0, show_default=True)
+@click.option(
+    "--catch-up",
+    is_flag=True,
+    help="After a stretch with no worker running, one message per missed tick (default: one "
+    "for them all).",
+)
+@click.pass_obj
+def schedule_add(
+    config: Config,
+    name: str,
+    group: str,
+    event_json: str,
+    every: float | None,
+    cron: str | None,
+    priority: int,
+    catch_up: bool,
+) -> int:
+    """Publish EVENT_JSON into GROUP every SECONDS or at the cron times; NAME again replaces
+    it."""
+    event = _parse_event(event_json)
+    with config.transport() as queue:
+        made = queue.schedule(
+            name, group, event, every=every, cron=cron, priority=priority, catch_up=catch_up
+        )
+    _stdout().print(f"scheduled {made.name}: next tick {_when(made.next_at)}")
+    return 0
+
+
+def _when(epoch: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(epoch))
+
+
+@schedule.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON lines instead of a table.")
+@click.pass_obj
+def schedule_list(config: Config, as_json: bool) -> int:
+    """The schedules, by name."""
+    with config.transport() as queue:
+        schedules = queue.schedules()
+    if as_json:
+        for s in schedules:
+            click.echo(_json({**dataclasses.asdict(s)}))
+        return 0
+    table = Table()
+    for column in ("name", "group", "every / cron", "priority", "next tick", "event"):
+        table.add_column(column, overflow="fold")
+    for s in schedules:
+        cadence = f"{s.every:g} s" if s.every is not None else str(s.cron)
+        table.add_row(s.name, s.group_id, cadence, str(s.priority), _when(s.next_at),
+                      _json(s.event))  # fmt: skip
+    _stdout().print(table)
+    return 0
+
+
+@schedule.command("remove")
+@click.argument("name")
+@click.pass_obj
+def schedule_remove(config: Config, name: str) -> int:
+    """Remove the schedule NAME."""
+    with config.transport() as queue:
+        removed = queue.unschedule(name)
+    _stdout().print(f"removed {name}" if removed else f"no schedule named {name}")
+    return 0
+
+
+@cli.command()
+@click.option(
+    "--burst", is_flag=True, help="Publish what is due once, then exit (a cron job, a test)."
+)
+@click.pass_obj
+def scheduler(config: Config, burst: bool) -> int:
+    """Publish the schedules' ticks as they fall due, until SIGINT/SIGTERM: a process that only
+    schedules (workers do it too, between claims). Each tick goes out once, however many
+    schedulers and workers run."""
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    with config.transport() as queue:
+        while True:
+            published = queue.fire_schedules()
+            if published:
+                log.info("published %d scheduled messages", published)
+            if burst:
+                return 0
+            tick = queue.probe().next_tick
+            wait = SCHEDULER_CHECK if tick is None else tick - queue.clock()
+            if stop.wait(min(SCHEDULER_CHECK, max(0.01, wait))):
+                return 0
+
+
+SCHEDULER_CHECK = 1.0
+"""How often the scheduler looks for new or changed schedules."""
 
 
 # ------------------------------------------------------------------------------ dlq

@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from . import sql
+from .cadence import check_cadence, missed, next_after
 from .checks import (
     MAX_ID_BYTES,
+    MAX_SECONDS,
     check_bool,
     check_id,
     check_int,
@@ -34,7 +36,7 @@ from .errors import (
     SchemaError,
     TransportClosed,
 )
-from .lease import DeadLetter, Lease, Stats
+from .lease import DeadLetter, Lease, Schedule, Stats
 
 T = TypeVar("T")
 
@@ -51,6 +53,8 @@ MAX_PUBLISH = 100_000
 """Most messages in one publish_many."""
 TOKEN_SUFFIX_BYTES = 64
 """A lease token is its worker id, ':' and a random part of at most this many bytes."""
+EXPIRED = "expired"
+"""The reason of the dead letters of messages whose ttl passed before they were delivered."""
 PRUNE_CHANCE = 1 / 16
 """Pruning forgotten rows on a sixteenth of the calls that could leave some keeps the tables
 small at a sixteenth of the cost (every statement costs rqlite a parse on each node)."""
@@ -68,7 +72,7 @@ class Plan(Generic[T]):
 
 PublishItem = tuple[str, Any] | tuple[str, Any, int] | Mapping[str, Any]
 """`(group_id, event)`, `(group_id, event, priority)`, or a mapping with those keys (and
-optionally `dedup_id`)."""
+optionally `dedup_id`, `delay`, `not_before`, `ttl`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +83,9 @@ class Round:
     leases: list[Lease] = field(default_factory=list)
     lost: list[Lease] = field(default_factory=list)
     extended: list[Lease] = field(default_factory=list)
+    expired: list[Lease] = field(default_factory=list)
+    """Leases taken on messages whose ttl had passed: not to be handled, but dead-lettered
+    (the transport does that before it returns)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +95,8 @@ class Probe:
 
     claimable: bool
     next_due: float | None
+    next_tick: float | None = None
+    """When the earliest schedule is due (None: no schedule)."""
 
 
 class QueueCore:
@@ -168,9 +177,16 @@ class QueueCore:
     # ---------------------------------------------------------------------- publish
 
     def publish(
-        self, group_id: str, event: Any, priority: int = 0, dedup_id: str | None = None
+        self,
+        group_id: str,
+        event: Any,
+        priority: int = 0,
+        dedup_id: str | None = None,
+        delay: float | None = None,
+        not_before: float | None = None,
+        ttl: float | None = None,
     ) -> Plan[int]:
-        message = self._message(group_id, event, priority, dedup_id)
+        message = self._message(group_id, event, priority, dedup_id, delay, not_before, ttl)
         return self._publish([message], lambda seqs: seqs[0])
 
     def publish_many(self, items: Iterable[PublishItem]) -> Plan[list[int]]:
@@ -179,8 +195,19 @@ class QueueCore:
         items = list(items)
         if len(items) > MAX_PUBLISH:
             raise InvalidArgument(f"at most {MAX_PUBLISH} messages per publish_many")
-        messages = [self._message(*_unpack(item)) for item in items]
+        messages = [self._item(_unpack(item)) for item in items]
         return self._publish(messages, lambda seqs: seqs)
+
+    def _item(self, item: dict[str, Any]) -> sql.NewMessage:
+        return self._message(
+            item["group_id"],
+            item["event"],
+            item.get("priority", 0),
+            item.get("dedup_id"),
+            item.get("delay"),
+            item.get("not_before"),
+            item.get("ttl"),
+        )
 
     def _publish(self, messages: list[sql.NewMessage], pick: Callable[[list[int]], T]) -> Plan[T]:
         now = self._now()
@@ -216,10 +243,31 @@ class QueueCore:
         return Plan(batch, read, read if every_message_deduplicated else None)
 
     def _message(
-        self, group_id: str, event: Any, priority: int, dedup_id: str | None
+        self,
+        group_id: str,
+        event: Any,
+        priority: int,
+        dedup_id: str | None,
+        delay: float | None = None,
+        not_before: float | None = None,
+        ttl: float | None = None,
     ) -> sql.NewMessage:
         check_id(group_id, "group_id")
         check_int(priority, "priority", 0, sql.MAX_PRIORITY)
+        now = self._now()
+        due = 0.0
+        if delay is not None and not_before is not None:
+            raise InvalidArgument("give delay= or not_before=, not both")
+        if delay is not None:
+            check_seconds(delay, "delay", allow_zero=True)
+            due = now + delay if delay > 0 else 0.0
+        if not_before is not None:
+            check_seconds(not_before, "not_before", allow_zero=True, high=now + MAX_SECONDS)
+            due = float(not_before) if not_before > now else 0.0
+        expires = None
+        if ttl is not None:
+            check_seconds(ttl, "ttl", allow_zero=False)
+            expires = now + ttl
         try:
             text = self.codec.encode(event)
         except QueueError:
@@ -245,7 +293,7 @@ class QueueCore:
                 raise InvalidArgument(f"dedup_key failed on this event: {exc!r}") from exc
         if dedup_id is not None:
             check_id(dedup_id, "dedup_id")
-        return sql.NewMessage(group_id, text, priority, dedup_id)
+        return sql.NewMessage(group_id, text, priority, dedup_id, due, expires)
 
     # ------------------------------------------------------------- settle, then claim
 
@@ -261,8 +309,10 @@ class QueueCore:
         extend: Sequence[Lease] = (),
         dead: Sequence[tuple[Lease, str]] = (),
         hold_dead: bool = False,
+        expired: Sequence[Lease] = (),
     ) -> Plan[Round]:
         """Settle leases and claim up to `n` new ones, in one transaction (see `sql.round_trip`).
+        `expired`: leases on messages whose ttl passed, dead-lettered with reason `expired`.
 
         Resending after an unknown outcome is safe: the claim returns what the first send took
         (same token); settlements are at-least-once (a resend that finds its lease gone, most
@@ -285,6 +335,9 @@ class QueueCore:
             plan.add(lease, "give_back", delay=float(delay))
         for lease in _items(extend, "extend"):
             plan.add(lease, "extend")
+        for lease in _items(expired, "expired"):
+            plan.add(lease, "finish", reason=EXPIRED)
+        plan.expired = len(expired)
         if plan.count > MAX_BATCH:
             raise InvalidArgument(f"at most {MAX_BATCH} leases settled per call")
         now = self._now()
@@ -300,11 +353,18 @@ class QueueCore:
         def read(reply: sql.Reply, *, replayed: bool = False) -> Round:
             lost = plan.lost([] if replayed else sql.read_lost(reply, settle))
             lost_ids = {id(lease) for lease in lost}
+            leases: list[Lease] = []
+            expired: list[Lease] = []
+            read_at = self.clock()
+            for r in sql.read_leased(reply):
+                lease = Lease(
+                    r.seq, r.group_id, self._decode(r.event), token, r.attempts, r.expires_at
+                )
+                gone = r.message_expires is not None and r.message_expires <= read_at
+                (expired if gone else leases).append(lease)
             return Round(
-                leases=[
-                    Lease(r.seq, r.group_id, self._decode(r.event), token, r.attempts, r.expires_at)
-                    for r in sql.read_leased(reply)
-                ],
+                leases=leases,
+                expired=expired,
                 lost=lost,
                 extended=[
                     _with_deadline(plan.lease_of(h), until)
@@ -336,14 +396,11 @@ class QueueCore:
                 f"Keep clocks in sync (NTP)"
             )
 
-    def claim(
-        self, worker_id: str, visibility: float, n: int, min_priority: int
-    ) -> Plan[list[Lease]]:
+    def claim(self, worker_id: str, visibility: float, n: int, min_priority: int) -> Plan[Round]:
         check_int(n, "n", 1, MAX_BATCH)
-        plan = self.round(
+        return self.round(
             worker_id=worker_id, visibility=visibility, n=n, min_priority=min_priority
         )
-        return _then(plan, lambda r: r.leases)
 
     def probe(self, min_priority: int) -> Plan[Probe]:
         check_int(min_priority, "min_priority", 0, sql.MAX_PRIORITY)
@@ -393,6 +450,85 @@ class QueueCore:
 
         return Plan(sql.release(self.names, group_id), read, lambda reply: True)
 
+    # ------------------------------------------------------------------ schedules
+
+    def schedule(
+        self,
+        name: str,
+        group_id: str,
+        event: Any,
+        *,
+        every: float | None = None,
+        cron: str | None = None,
+        priority: int = 0,
+        catch_up: bool = False,
+        start_at: float | None = None,
+    ) -> Plan[Schedule]:
+        check_id(name, "name")
+        check_cadence(every, cron)
+        check_bool(catch_up, "catch_up")
+        message = self._message(group_id, event, priority, None)
+        now = self._now()
+        if start_at is None:
+            first = next_after(now, every=every, cron=cron, anchor=now)
+        else:
+            check_seconds(start_at, "start_at", allow_zero=True, high=now + MAX_SECONDS)
+            first = float(start_at)
+        row = sql.ScheduleRow(name, group_id, message.event, priority, every, cron, catch_up, first)
+        schedule = self._schedule(row)
+        return Plan(
+            sql.put_schedule(self.names, row, now=now), lambda r: schedule, lambda r: schedule
+        )
+
+    def _schedule(self, row: sql.ScheduleRow) -> Schedule:
+        return Schedule(
+            row.name,
+            row.group_id,
+            self._decode(row.event),
+            row.priority,
+            row.every,
+            row.cron,
+            row.catch_up,
+            row.next_at,
+        )
+
+    def unschedule(self, name: str) -> Plan[bool]:
+        check_id(name, "name")
+        self._now()
+
+        def read(reply: sql.Reply) -> bool:
+            return reply["removed"].rows_affected == 1
+
+        return Plan(sql.drop_schedule(self.names, name), read, lambda reply: True)
+
+    def schedules(self) -> Plan[list[Schedule]]:
+        self._now()
+        return Plan(
+            sql.list_schedules(self.names),
+            lambda reply: [self._schedule(row) for row in sql.read_schedules(reply)],
+        )
+
+    def due_schedules(self) -> Plan[list[sql.ScheduleRow]]:
+        """The schedules due now (a leader-local read)."""
+        now = self._now()
+        return Plan(sql.list_schedules(self.names, due_by=now), sql.read_schedules)
+
+    def fire(self, due: Sequence[sql.ScheduleRow]) -> Plan[int]:
+        """Publish the due ticks of these schedules and move each on (one message for all the
+        ticks missed, or one per tick with `catch_up`); returns how many messages went out.
+        Safe to resend: a resend finds each schedule moved on and does nothing."""
+        now = self._now()
+        fires = []
+        for row in due:
+            if row.next_at <= now:
+                count, next_at = missed(row.next_at, now, every=row.every, cron=row.cron)
+                fires.append(sql.Fire(row.name, row.next_at, next_at, count if row.catch_up else 1))
+
+        def read(reply: sql.Reply) -> int:
+            return reply["published"].rows_affected if "published" in reply else 0
+
+        return Plan(sql.fire(self.names, fires, now=now) if fires else sql.Batch(()), read, read)
+
     # ------------------------------------------------------------------ dead letters
 
     def dead_letters(self, limit: int, group_id: str | None) -> Plan[list[DeadLetter]]:
@@ -433,7 +569,9 @@ class QueueCore:
         now = self._now()
 
         def read(reply: sql.Reply) -> Stats:
-            depth, groups, in_flight, parked, dead, oldest, held = reply["counts"].rows[0]
+            depth, groups, in_flight, parked, dead, oldest, held, delayed, expired = reply[
+                "counts"
+            ].rows[0]
             return Stats(
                 depth=int(depth),
                 groups=int(groups),
@@ -443,6 +581,8 @@ class QueueCore:
                 oldest_age=None if oldest is None else max(0.0, now - float(oldest)),
                 by_priority={int(p): int(c) for p, c in reply["by_priority"].rows},
                 held=int(held),
+                delayed=int(delayed),
+                expired=int(expired or 0),
             )
 
         return Plan(sql.stats(self.names, now=now), read)
@@ -470,6 +610,7 @@ class _Settlements:
         self._leases: dict[int, tuple[int, Lease]] = {}
         self._seen: set[tuple[str, str, int]] = set()
         self._count = 0
+        self.expired = 0
 
     @property
     def count(self) -> int:
@@ -509,6 +650,7 @@ class _Settlements:
             give_back=[(h, now + delay if delay > 0 else 0.0) for h, delay in self.give_back],
             extend=self.extend,
             extend_until=until,
+            expired=self.expired,
         )
 
 
@@ -574,15 +716,6 @@ def _nothing(reply: sql.Reply) -> None:
     return None
 
 
-def _then(plan: Plan[Round], pick: Callable[[Round], T]) -> Plan[T]:
-    replay = plan.replay
-    return Plan(
-        plan.batch,
-        lambda reply: pick(plan.read(reply)),
-        None if replay is None else (lambda reply: pick(replay(reply))),
-    )
-
-
 def _fenced(plan: Plan[Round], call: str) -> Plan[None]:
     """A settle-only round that raises `LeaseLost` for the leases that no longer held. A
     resend reports success: if the lease no longer holds, the likeliest cause is that the
@@ -607,13 +740,19 @@ def _lost_message(leases: Sequence[Lease], call: str) -> str:
     )
 
 
-def _unpack(item: PublishItem) -> tuple[str, Any, int, str | None]:
+_ITEM_KEYS = {"group_id", "event", "priority", "dedup_id", "delay", "not_before", "ttl"}
+
+
+def _unpack(item: PublishItem) -> dict[str, Any]:
     if isinstance(item, Mapping):
-        unknown = set(item) - {"group_id", "event", "priority", "dedup_id"}
+        unknown = set(item) - _ITEM_KEYS
         if unknown or "group_id" not in item or "event" not in item:
-            raise InvalidArgument(f"publish item needs group_id and event, got keys {set(item)}")
-        return item["group_id"], item["event"], item.get("priority", 0), item.get("dedup_id")
+            raise InvalidArgument(
+                f"publish item needs group_id and event (and optionally "
+                f"{', '.join(sorted(_ITEM_KEYS - {'group_id', 'event'}))}), got keys "
+                f"{show(sorted(map(str, item)))}"
+            )
+        return dict(item)
     if isinstance(item, tuple) and len(item) in (2, 3):
-        priority = item[2] if len(item) == 3 else 0
-        return item[0], item[1], priority, None
+        return {"group_id": item[0], "event": item[1], "priority": item[2] if len(item) == 3 else 0}
     raise InvalidArgument(f"publish item must be (group_id, event[, priority]), got {show(item)}")

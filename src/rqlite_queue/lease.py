@@ -53,3 +53,25 @@ class Stats:
     """Messages per group priority."""
     held: int = 0
     """Groups held (`hold_group`, or a dead letter with `hold_group_on_dead_letter`)."""
+    delayed: int = 0
+    """Messages published with a delay that is not over yet."""
+    expired: int = 0
+    """Messages that expired (their `ttl` passed before they were delivered) and were moved to
+    the dead letters, since the queue was created."""
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """A periodic job: `event` is published to `group_id` every `every` seconds, or at the
+    times of the `cron` expression (UTC), next at `next_at`."""
+
+    name: str
+    group_id: str
+    event: Any
+    priority: int
+    every: float | None
+    cron: str | None
+    catch_up: bool
+    """After a stretch with no worker running: True, one message per missed tick; False (the
+    default), one message for them all."""
+    next_at: float

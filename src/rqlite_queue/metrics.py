@@ -22,6 +22,7 @@ linearizable read on rqlite). Every metric has a `queue` label:
 | `rqlite_queue_worker_claim_errors_total` | counter | round trips that failed (resent later) |
 | `rqlite_queue_worker_rounds_total` | counter | round trips (one write: settle and claim) |
 | `rqlite_queue_worker_probes_total` | counter | reads made while idle, instead of a write |
+| `rqlite_queue_worker_ticks_total` | counter | messages published for due schedules |
 | `rqlite_queue_worker_claim_seconds` | histogram | time per round trip that claimed |
 | `rqlite_queue_worker_in_flight` | gauge | handlers running now |
 | `rqlite_queue_transport_resent_total` | counter | batches resent after an unknown outcome |
@@ -188,6 +189,7 @@ class WorkerCollector:
                 stats.rounds,
             ),
             ("probes", "Reads made while idle, instead of a write.", stats.probes),
+            ("ticks", "Messages published for due schedules.", stats.ticks),
         )
         for name, text, value in counters:
             metric = CounterMetricFamily(f"{PREFIX}_worker_{name}", text, labels=["queue"])

@@ -20,13 +20,17 @@ and re-executes it on every node), so:
 Tables, per queue (`rq_<queue>_` prefix):
 
 - `meta`: key/value integers: `schema_version`; `turn`, the claim counter; `mark`, the last
-  seq given before the publish under way (so the publish finds its own rows by a key range).
-- `messages`: one row per queued message; `seq` is the FIFO order and the lease's handle.
+  seq given before the publish under way (so the publish finds its own rows by a key range);
+  `expired`, how many messages expired.
+- `messages`: one row per queued message; `seq` is the FIFO order and the lease's handle;
+  `due`: not delivered before (0: at once); `expires`: dead-lettered instead of delivered
+  after (NULL: never).
 - `groups`: one row per group. It carries the group's whole state, so that claim never looks at
-  the messages of groups it does not take. `ready`: 1 claimable; 0 busy until `until` (leased,
-  or parked when `parked` = 1); 2 empty (its messages are all gone; the row is kept until
-  `until` so a group refilled soon after rejoins the round robin where it left it, instead of
-  going first as a never-claimed group would). `held` = 1: an operator's (or a dead letter's)
+  the messages of groups it does not take. `ready`: 1 claimable; 0 busy until `until` (leased;
+  parked when `parked` = 1; waiting for a delayed head when `parked` = 2); 2 empty (its
+  messages are all gone; the row is kept until `until` so a group refilled soon after
+  rejoins the round robin where it left it, instead of going first as a never-claimed group
+  would). `held` = 1: an operator's (or a dead letter's)
   hold: never claimed until released, whatever `ready` says. `token` and `head`: the lease that
   holds, or last held, the group, and the seq it was given (the fencing check); `attempts`:
   claims of the current head; `turn`: the claim counter at its last claim (0 = never claimed:
@@ -34,6 +38,7 @@ Tables, per queue (`rq_<queue>_` prefix):
 - `dead`: dead-lettered messages.
 - `dedup`: publish ids seen within the dedup window.
 - `claims`: the tokens of recent claims (a claim applies at most once, however late).
+- `schedules`: periodic jobs: what to publish, how often, and when next.
 """
 
 from __future__ import annotations
@@ -130,6 +135,8 @@ class Names:
     dedup_expiry: str
     claims: str
     claims_expiry: str
+    schedules: str
+    schedules_due: str
     retired: str
     """Schema v1 only (its job is done by the empty rows of `groups` since v2)."""
 
@@ -151,12 +158,22 @@ class Names:
             dedup_expiry=p + "dedup_expiry",
             claims=p + "claims",
             claims_expiry=p + "claims_expiry",
+            schedules=p + "schedules",
+            schedules_due=p + "schedules_due",
             retired=p + "retired",
         )
 
     @property
     def tables(self) -> tuple[str, ...]:
-        return (self.meta, self.messages, self.groups, self.dead, self.dedup, self.claims)
+        return (
+            self.meta,
+            self.messages,
+            self.groups,
+            self.dead,
+            self.dedup,
+            self.claims,
+            self.schedules,
+        )
 
 
 def _json(value: Any) -> str:
@@ -227,7 +244,9 @@ def create(n: Names) -> Batch:
           group_id     TEXT NOT NULL,
           event        TEXT NOT NULL,
           published_at REAL NOT NULL,
-          dedup_id     TEXT
+          dedup_id     TEXT,
+          due          REAL NOT NULL DEFAULT 0,
+          expires      REAL
         );
         -- A group's head is min(seq) for its group_id: one index probe.
         CREATE INDEX {n.messages_by_group} ON {n.messages} (group_id, seq);
@@ -263,11 +282,12 @@ def create(n: Names) -> Batch:
         """
     ):
         b.add(statement)
-    for statement in _claims_table(n):
+    for statement in [*_claims_table(n), *_schedules_table(n), *_groups_indexes(n)]:
         b.add(statement)
-    for statement in _groups_indexes(n):
-        b.add(statement)
-    b.add(f"INSERT OR IGNORE INTO {n.meta} (key, value) VALUES ('turn', 0), ('mark', 0)")
+    b.add(
+        f"INSERT OR IGNORE INTO {n.meta} (key, value) VALUES ('turn', 0), ('mark', 0), "
+        f"('expired', 0)"
+    )
     _set_version(b, n, SCHEMA_VERSION)
     return b.build()
 
@@ -297,11 +317,26 @@ def _claims_table(n: Names) -> list[str]:
     ]
 
 
+def _schedules_table(n: Names) -> list[str]:
+    # `every` (seconds) or `cron` (an expression, UTC): one of them. `next_at`: the tick to
+    # publish next; firing it moves `next_at` on with a compare-and-set, so a tick is published
+    # once however many clients race for it.
+    return [
+        f"CREATE TABLE {n.schedules} (name TEXT PRIMARY KEY, group_id TEXT NOT NULL, "
+        f"event TEXT NOT NULL, priority INTEGER NOT NULL, every REAL, cron TEXT, "
+        f"catch_up INTEGER NOT NULL, next_at REAL NOT NULL, created_at REAL NOT NULL)",
+        f"CREATE INDEX {n.schedules_due} ON {n.schedules} (next_at)",
+    ]
+
+
 def _to_v2(b: _Builder, n: Names) -> None:
     """v1 -> v2: the `retired` table becomes empty rows of `groups`; `held` (operators' holds);
     `dedup_id` on messages and the `mark` (a publish of many deduplicated messages in a fixed
-    number of statements); `claims` (a claim applies at most once, even late)."""
+    number of statements); `claims` (a claim applies at most once, even late); `due` and
+    `expires` on messages (delayed messages, expiry); `schedules` (periodic jobs)."""
     b.add(f"ALTER TABLE {n.messages} ADD COLUMN dedup_id TEXT")
+    b.add(f"ALTER TABLE {n.messages} ADD COLUMN due REAL NOT NULL DEFAULT 0")
+    b.add(f"ALTER TABLE {n.messages} ADD COLUMN expires REAL")
     b.add(f"ALTER TABLE {n.groups} ADD COLUMN held INTEGER NOT NULL DEFAULT 0")
     b.add(
         f"INSERT OR IGNORE INTO {n.groups} (group_id, priority, turn, ready, until) "
@@ -313,8 +348,8 @@ def _to_v2(b: _Builder, n: Names) -> None:
     b.add(f"DROP INDEX {n.groups_busy}")
     for statement in _groups_indexes(n):
         b.add(statement)
-    b.add(f"INSERT OR IGNORE INTO {n.meta} (key, value) VALUES ('mark', 0)")
-    for statement in _claims_table(n):
+    b.add(f"INSERT OR IGNORE INTO {n.meta} (key, value) VALUES ('mark', 0), ('expired', 0)")
+    for statement in [*_claims_table(n), *_schedules_table(n)]:
         b.add(statement)
 
 
@@ -346,6 +381,10 @@ class NewMessage:
     event: str
     priority: int
     dedup_id: str | None = None
+    due: float = 0.0
+    """Not delivered before (epoch seconds; 0: at once)."""
+    expires: float | None = None
+    """Dead-lettered instead of delivered after (None: never)."""
 
 
 def publish(
@@ -363,7 +402,9 @@ def publish(
     dedup id (the core folds repeats). `prune_before`: first forget dedup ids that expired
     before it."""
     deduplicated = any(m.dedup_id is not None for m in messages)
-    items = _json([[m.group_id, m.event, m.priority, m.dedup_id] for m in messages])
+    items = _json(
+        [[m.group_id, m.event, m.priority, m.dedup_id, m.due, m.expires] for m in messages]
+    )
     b = _Builder()
     if prune_before is not None:
         b.add(f"DELETE FROM {n.dedup} WHERE expires_at < :t", {"t": prune_before})
@@ -380,9 +421,9 @@ def publish(
         else ""
     )
     b.add(
-        f"INSERT INTO {n.messages} (group_id, event, published_at, dedup_id) "
-        f"SELECT {_item(0)}, {_item(1)}, :now, {_item(3)} FROM json_each(:items) j"
-        f"{unseen} ORDER BY j.key",
+        f"INSERT INTO {n.messages} (group_id, event, published_at, dedup_id, due, expires) "
+        f"SELECT {_item(0)}, {_item(1)}, :now, {_item(3)}, {_item(4)}, {_item(5)} "
+        f"FROM json_each(:items) j{unseen} ORDER BY j.key",
         {"items": items, "now": now},
         slot="inserted",
     )
@@ -405,10 +446,10 @@ def publish(
     b.add(
         _UPSERT_GROUP.format(
             n=n,
-            rows=f"{_item(0)}, {_item(2)} FROM json_each(:items) j WHERE {inserted_now} "
-            f"ORDER BY j.key",
+            rows=f"j.key, {_item(0)}, {_item(2)}, {_item(4)} FROM json_each(:items) j "
+            f"WHERE {inserted_now}",
         ),
-        {"items": items},
+        {"items": items, "now": now},
     )
     if deduplicated:
         ids = _json([m.dedup_id for m in messages if m.dedup_id is not None])
@@ -434,10 +475,15 @@ def _forget_expired(b: _Builder, n: Names, groups: str, params: dict[str, Any], 
 
 # A group's row, created (turn 0: never claimed) or brought back from empty (its turn and place
 # kept), at the priority of the publish that does it; a row with messages keeps its priority.
+# `{rows}` selects (group id, priority, due of the message that becomes its head): a head due
+# later makes the group wait until then (parked = 2), as a park does.
 _UPSERT_GROUP = (
-    "INSERT INTO {n.groups} (group_id, priority) SELECT {rows} "
-    "ON CONFLICT (group_id) DO UPDATE SET ready = 1, until = 0, priority = excluded.priority "
-    "WHERE ready = 2"
+    "WITH x(k, g, p, d) AS (SELECT {rows}) "
+    "INSERT INTO {n.groups} (group_id, priority, ready, until, parked) "
+    "SELECT g, p, d <= :now, CASE WHEN d > :now THEN d ELSE 0 END, "
+    "CASE WHEN d > :now THEN 2 ELSE 0 END FROM x WHERE true ORDER BY k "
+    "ON CONFLICT (group_id) DO UPDATE SET ready = excluded.ready, until = excluded.until, "
+    "parked = excluded.parked, priority = excluded.priority WHERE ready = 2"
 )
 
 
@@ -511,6 +557,8 @@ class Settle:
     give_back: Sequence[tuple[Held, float]] = ()
     extend: Sequence[Held] = ()
     extend_until: float = 0.0
+    expired: int = 0
+    """How many of the dead letters are messages that expired (counted in `meta`)."""
 
     @property
     def count(self) -> int:
@@ -583,15 +631,21 @@ def _settle(b: _Builder, n: Names, s: Settle, now: float) -> None:
             f"(SELECT g.head FROM json_each(:done) j JOIN {n.groups} g ON {_holds()})",
             {"done": done},
         )
-        # The group is free again, or empty (its row kept for RETIRE_WINDOW, see the top).
+        # The group is free again; or waits for its next message, due later; or is empty
+        # (its row kept for RETIRE_WINDOW, see the top). `d`: the due of its new head.
         b.add(
-            f"UPDATE {n.groups} AS g SET ready = 2 - EXISTS (SELECT 1 FROM {n.messages} m "
-            f"WHERE m.group_id = g.group_id), until = :retire, parked = 0, attempts = 0, "
-            f"token = NULL, head = NULL, held = max(held, {_item(3)}) "
-            f"FROM json_each(:done) j WHERE {_holds()}",
-            {"done": done, "retire": now + RETIRE_WINDOW},
+            f"UPDATE {n.groups} AS g SET ready = CASE WHEN d IS NULL THEN 2 WHEN d > :now "
+            f"THEN 0 ELSE 1 END, until = CASE WHEN d IS NULL THEN :retire WHEN d > :now THEN d "
+            f"ELSE 0 END, parked = CASE WHEN d > :now THEN 2 ELSE 0 END, attempts = 0, "
+            f"token = NULL, head = NULL, held = max(held, h) FROM (SELECT {_item(0)} i, "
+            f"{_item(1)} t, {_item(2)} q, {_item(3)} h, (SELECT due FROM {n.messages} m "
+            f"WHERE m.group_id = {_item(0)} ORDER BY seq LIMIT 1) d FROM json_each(:done) j) "
+            f"WHERE g.group_id = i AND g.token = t AND g.head = q",
+            {"done": done, "retire": now + RETIRE_WINDOW, "now": now},
             slot="finished",
         )
+    if s.expired:
+        b.add(f"UPDATE {n.meta} SET value = value + :k WHERE key = 'expired'", {"k": s.expired})
     if s.give_back or s.extend:
         # [g, token, seq, until, parked, keep token]: nack now, park, or extend.
         changes = [[*h.key(), until, int(until > 0), 0] for h, until in s.give_back]
@@ -652,7 +706,7 @@ def _claim(b: _Builder, n: Names, c: Claim, now: float) -> None:
     )
     # The heads of the groups this claim took (found through the busy index on `until`).
     b.add(
-        f"SELECT m.seq, m.group_id, m.event, g.attempts, g.until "
+        f"SELECT m.seq, m.group_id, m.event, g.attempts, g.until, m.expires "
         f"FROM {n.groups} g JOIN {n.messages} m ON m.seq = g.head "
         f"WHERE g.ready = 0 AND g.until = :u AND g.token = :k ORDER BY g.rowid",
         mine,
@@ -676,13 +730,22 @@ class LeasedRow:
     event: str
     attempts: int
     expires_at: float
+    message_expires: float | None
+    """When the message itself expires (its ttl), or None."""
 
 
 def read_leased(reply: Reply) -> list[LeasedRow]:
     if "leased" not in reply:
         return []
     return [
-        LeasedRow(int(r[0]), str(r[1]), str(r[2]), int(r[3]), float(r[4]))
+        LeasedRow(
+            int(r[0]),
+            str(r[1]),
+            str(r[2]),
+            int(r[3]),
+            float(r[4]),
+            None if r[5] is None else float(r[5]),
+        )
         for r in reply["leased"].rows
     ]
 
@@ -703,16 +766,21 @@ def probe(n: Names, *, min_priority: int) -> Batch:
     )
     b = _Builder(write=False, local=True)
     b.add(
-        f"SELECT {first} IS NOT NULL, (SELECT min(until) FROM {n.groups} WHERE ready = 0)",
+        f"SELECT {first} IS NOT NULL, (SELECT min(until) FROM {n.groups} WHERE ready = 0), "
+        f"(SELECT min(next_at) FROM {n.schedules})",
         {"p": min_priority} if min_priority else {},
         slot="probe",
     )
     return b.build()
 
 
-def read_probe(reply: Reply) -> tuple[bool, float | None]:
-    ready, due = reply["probe"].rows[0]
-    return bool(ready), None if due is None else float(due)
+def read_probe(reply: Reply) -> tuple[bool, float | None, float | None]:
+    ready, due, tick = reply["probe"].rows[0]
+    return bool(ready), _float_or_none(due), _float_or_none(tick)
+
+
+def _float_or_none(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 # --------------------------------------------------------------------- holds and dead letters
@@ -775,9 +843,9 @@ def requeue_dead(n: Names, seqs: Sequence[int] | None, *, now: float) -> Batch:
     b.add(
         _UPSERT_GROUP.format(
             n=n,
-            rows=f"group_id, max(priority) FROM {n.dead} {where or 'WHERE true'} GROUP BY group_id",
+            rows=f"min(seq), group_id, max(priority), 0 FROM {n.dead} {where} GROUP BY group_id",
         ),
-        params,
+        {**params, "now": now},
     )
     b.add(f"DELETE FROM {n.dead} {where}", params, slot="requeued")
     return b.build()
@@ -787,6 +855,134 @@ def purge_dead(n: Names, seqs: Sequence[int] | None) -> Batch:
     where, params = _seq_filter(seqs)
     b = _Builder()
     b.add(f"DELETE FROM {n.dead} {where}", params, slot="purged")
+    return b.build()
+
+
+# ------------------------------------------------------------------------------- schedules
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleRow:
+    name: str
+    group_id: str
+    event: str
+    priority: int
+    every: float | None
+    cron: str | None
+    catch_up: bool
+    next_at: float
+
+
+_SCHEDULE_COLUMNS = "name, group_id, event, priority, every, cron, catch_up, next_at"
+
+
+def put_schedule(n: Names, row: ScheduleRow, *, now: float) -> Batch:
+    """Create or replace a schedule (its next tick is `row.next_at`)."""
+    b = _Builder()
+    b.add(
+        f"INSERT INTO {n.schedules} ({_SCHEDULE_COLUMNS}, created_at) VALUES "
+        f"({_TEXT.format(name='name')}, {_TEXT.format(name='g')}, {_TEXT.format(name='e')}, :p, "
+        f":every, :cron, :c, "
+        f":next, :now) ON CONFLICT (name) DO UPDATE SET group_id = excluded.group_id, "
+        f"event = excluded.event, priority = excluded.priority, every = excluded.every, "
+        f"cron = excluded.cron, catch_up = excluded.catch_up, next_at = excluded.next_at",
+        {
+            "name": _json(row.name),
+            "g": _json(row.group_id),
+            "e": _json(row.event),
+            "p": row.priority,
+            "every": row.every,
+            "cron": row.cron,
+            "c": int(row.catch_up),
+            "next": row.next_at,
+            "now": now,
+        },
+    )
+    return b.build()
+
+
+def drop_schedule(n: Names, name: str) -> Batch:
+    b = _Builder()
+    b.add(
+        f"DELETE FROM {n.schedules} WHERE name = {_TEXT.format(name='name')}",
+        {"name": _json(name)},
+        slot="removed",
+    )
+    return b.build()
+
+
+def list_schedules(n: Names, *, due_by: float | None = None, limit: int = 1000) -> Batch:
+    """Every schedule by name, or (with `due_by`) those due by then, earliest first (a
+    leader-local read: a stale answer only delays a tick to the next look)."""
+    b = _Builder(write=False, local=due_by is not None)
+    if due_by is None:
+        b.add(f"SELECT {_SCHEDULE_COLUMNS} FROM {n.schedules} ORDER BY name", slot="schedules")
+    else:
+        b.add(
+            f"SELECT {_SCHEDULE_COLUMNS} FROM {n.schedules} WHERE next_at <= :t "
+            f"ORDER BY next_at, name LIMIT :limit",
+            {"t": due_by, "limit": limit},
+            slot="schedules",
+        )
+    return b.build()
+
+
+def read_schedules(reply: Reply) -> list[ScheduleRow]:
+    return [
+        ScheduleRow(
+            str(r[0]),
+            str(r[1]),
+            str(r[2]),
+            int(r[3]),
+            _float_or_none(r[4]),
+            None if r[5] is None else str(r[5]),
+            bool(r[6]),
+            float(r[7]),
+        )
+        for r in reply["schedules"].rows
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class Fire:
+    """Publish `ticks` messages of schedule `name`, whose tick due at `due` moves to `next_at`."""
+
+    name: str
+    due: float
+    next_at: float
+    ticks: int
+
+
+def fire(n: Names, fires: Sequence[Fire], *, now: float) -> Batch:
+    """Publish the due ticks of these schedules and move each on, in one transaction. Every
+    statement checks that the schedule's next tick is still the one read (`due`): of several
+    clients firing the same tick, the first to commit publishes it and moves it on, and the
+    others then find it moved and do nothing; a resend after a lost reply does nothing either."""
+    items = _json([[f.name, f.due, f.next_at, list(range(f.ticks))] for f in fires])
+    due = f"JOIN {n.schedules} s ON s.name = {_item(0, 'f')} AND s.next_at = {_item(1, 'f')}"
+    b = _Builder()
+    _forget_expired(
+        b, n, f"SELECT s.group_id FROM json_each(:fires) f {due}", {"fires": items}, now
+    )
+    b.add(
+        f"INSERT INTO {n.messages} (group_id, event, published_at) SELECT s.group_id, s.event, "
+        f":now FROM json_each(:fires) f {due} JOIN json_each(f.value, '$[3]') t "
+        f"ORDER BY f.key, t.key",
+        {"fires": items, "now": now},
+        slot="published",
+    )
+    b.add(
+        _UPSERT_GROUP.format(
+            n=n, rows=f"f.key, s.group_id, s.priority, 0 FROM json_each(:fires) f {due}"
+        ),
+        {"fires": items, "now": now},
+    )
+    b.add(
+        f"UPDATE {n.schedules} AS s SET next_at = {_item(2, 'f')} FROM json_each(:fires) f "
+        f"WHERE s.name = {_item(0, 'f')} AND s.next_at = {_item(1, 'f')}",
+        {"fires": items},
+        slot="moved",
+    )
     return b.build()
 
 
@@ -801,7 +997,9 @@ def stats(n: Names, *, now: float) -> Batch:
         f"(SELECT count(*) FROM {n.groups} WHERE ready = 0 AND parked = 0 AND until > :now), "
         f"(SELECT count(*) FROM {n.groups} WHERE ready = 0 AND parked = 1 AND until > :now), "
         f"(SELECT count(*) FROM {n.dead}), (SELECT min(published_at) FROM {n.messages}), "
-        f"(SELECT count(*) FROM {n.groups} WHERE held = 1)",
+        f"(SELECT count(*) FROM {n.groups} WHERE held = 1), "
+        f"(SELECT count(*) FROM {n.messages} WHERE due > :now), "
+        f"(SELECT value FROM {n.meta} WHERE key = 'expired')",
         {"now": now},
         slot="counts",
     )

@@ -829,6 +829,7 @@ def requests_sent(q: Any) -> int | None:
 CALLS: dict[str, Callable[[Any, World], Awaitable[Any]]] = {
     "publish": lambda q, w: q.publish("g", "e"),
     "publish(dedup_id=)": lambda q, w: q.publish("g", "e", dedup_id="x"),
+    "publish(delay=, ttl=)": lambda q, w: q.publish("g", "e", delay=5, ttl=60),
     "publish_many": lambda q, w: q.publish_many([("g", "e")]),
     "publish_many([])": lambda q, w: q.publish_many([]),
     "claim": lambda q, w: q.claim("w", 30),
@@ -850,6 +851,10 @@ CALLS: dict[str, Callable[[Any, World], Awaitable[Any]]] = {
     "peek": lambda q, w: q.peek("a"),
     "stats": lambda q, w: q.stats(),
     "setup": lambda q, w: q.setup(),
+    "schedule": lambda q, w: q.schedule("s", "g", "e", every=60),
+    "unschedule": lambda q, w: q.unschedule("s"),
+    "schedules": lambda q, w: q.schedules(),
+    "fire_schedules": lambda q, w: q.fire_schedules(),
 }
 
 

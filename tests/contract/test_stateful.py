@@ -21,6 +21,7 @@ example)."""
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import uuid
 from collections import deque
@@ -64,9 +65,23 @@ dedup_ids = st.sampled_from([None] * 8 + list(DEDUP_IDS))
 visibilities = st.sampled_from([3.0, 5.0, 10.0, 30.0])
 delays = st.sampled_from([0, 0, 2.5, 10])
 advances = st.sampled_from([0.5, 2.5, 3.0, 5.0, 10.0, 30.0, 60.0])
+# Publishes: mostly at once, now and then delayed or with a ttl.
+delays_ = st.sampled_from([None, None, None, None, 2.5, 10.0])
+ttls = st.sampled_from([None, None, None, None, 3.0, 30.0])
 
 
 # --------------------------------------------------------------------------------- model
+
+
+@dataclass(frozen=True)
+class Message:
+    seq: int
+    event: Any
+    published_at: float
+    due: float = 0.0
+    """Not delivered before (0: at once)."""
+    expires: float | None = None
+    """Dead-lettered (reason `expired`) instead of delivered from then on."""
 
 
 @dataclass
@@ -74,8 +89,8 @@ class Group:
     priority: int
     created: int
     """Creation order: the round-robin tie-break."""
-    messages: deque[tuple[int, Any, float]] = field(default_factory=deque)
-    """(seq, event, published_at), head first."""
+    messages: deque[Message] = field(default_factory=deque)
+    """Head first."""
     turn: int = 0
     """The claim counter at the group's last claim; 0: never claimed."""
     attempts: int = 0
@@ -94,6 +109,7 @@ class Predicted:
     event: Any
     attempts: int
     expires_at: float
+    expires: float | None = None
 
 
 class Model:
@@ -109,6 +125,9 @@ class Model:
         # emptied group -> (turn, creation order, expires_at)
         self.retired: dict[str, tuple[int, int, float]] = {}
         self.held: set[str] = set()
+        self.expired = 0
+        # name -> [group, event, priority, every, catch_up, next_at]
+        self.schedules: dict[str, list[Any]] = {}
 
     # -------------------------------------------------------------------------- reading
 
@@ -125,7 +144,15 @@ class Model:
 
     # -------------------------------------------------------------------------- writing
 
-    def publish(self, group_id: str, event: Any, priority: int, dedup_id: str | None) -> int:
+    def publish(
+        self,
+        group_id: str,
+        event: Any,
+        priority: int,
+        dedup_id: str | None,
+        delay: float | None = None,
+        ttl: float | None = None,
+    ) -> int:
         if dedup_id is not None:
             self.dedup = {d: v for d, v in self.dedup.items() if v[1] >= self.now}
             if dedup_id in self.dedup:
@@ -139,12 +166,32 @@ class Model:
                 self.groups[group_id] = Group(priority, created, turn=turn)
             else:
                 self.groups[group_id] = Group(priority, next(self._created))
-        self.groups[group_id].messages.append((seq, event, self.now))
+        due = self.now + delay if delay else 0.0
+        expires = self.now + ttl if ttl else None
+        self.groups[group_id].messages.append(Message(seq, event, self.now, due, expires))
         if dedup_id is not None:
             self.dedup[dedup_id] = (seq, self.now + self.dedup_window)
         return seq
 
     def claim(self, n: int, min_priority: int, visibility: float) -> list[Predicted]:
+        """As the transport claims: leases on messages whose ttl passed are dead-lettered
+        (`expired`) instead of handed out, and as many claimed again, until none expired."""
+        leased: list[Predicted] = []
+        while n:
+            taken = self._claim_once(n, min_priority, visibility)
+            expired = [p for p in taken if self._expired(p)]
+            for p in expired:
+                note_event("a claimed message had expired")
+                self._dead_letter_head(p.group_id, p.seq)
+                self.expired += 1
+            leased += [p for p in taken if not self._expired(p)]
+            n = len(expired)
+        return leased
+
+    def _expired(self, p: Predicted) -> bool:
+        return p.expires is not None and p.expires <= self.now
+
+    def _claim_once(self, n: int, min_priority: int, visibility: float) -> list[Predicted]:
         turn = next(self._turn)
         eligible = [
             (gid, g)
@@ -153,6 +200,7 @@ class Model:
             and not self.busy(g)
             and g.priority >= min_priority
             and gid not in self.held
+            and g.messages[0].due <= self.now
         ]
         eligible.sort(key=lambda item: (item[1].turn, item[1].created))
         out = []
@@ -161,19 +209,30 @@ class Model:
             g.attempts += 1
             g.state, g.until = "leased", self.now + visibility
             g.token = None  # set to the real token once the claim has returned
-            seq, event, _ = g.messages[0]
-            out.append(Predicted(gid, seq, event, g.attempts, g.until))
+            head = g.messages[0]
+            out.append(Predicted(gid, head.seq, head.event, g.attempts, g.until, head.expires))
         return out
 
+    def _dead_letter_head(self, group_id: str, seq: int, hold: bool = False) -> None:
+        g = self.groups[group_id]
+        head = g.messages[0]
+        self.dead.append((seq, group_id, head.event, g.priority, g.attempts))
+        if hold:
+            self.held.add(group_id)
+        self._finish_head(group_id, seq)
+
     def _finish(self, lease: Lease) -> None:
+        self._finish_head(lease.group_id, lease.seq)
+
+    def _finish_head(self, group_id: str, seq: int) -> None:
         """The held head goes; the group is free again, or forgotten if now empty."""
-        g = self.groups[lease.group_id]
-        seq, _, _ = g.messages.popleft()
-        assert seq == lease.seq, "model: a holding lease is always on its group's head"
+        g = self.groups[group_id]
+        head = g.messages.popleft()
+        assert head.seq == seq, "model: a holding lease is always on its group's head"
         g.attempts, g.token, g.state, g.until = 0, None, "free", 0.0
         if not g.messages:
-            self.retired[lease.group_id] = (g.turn, g.created, self.now + RETIRE_WINDOW)
-            del self.groups[lease.group_id]
+            self.retired[group_id] = (g.turn, g.created, self.now + RETIRE_WINDOW)
+            del self.groups[group_id]
 
     def ack(self, lease: Lease) -> bool:
         if not self.holds(lease):
@@ -184,11 +243,7 @@ class Model:
     def dead_letter(self, lease: Lease, hold: bool = False) -> bool:
         if not self.holds(lease):
             return False
-        g = self.groups[lease.group_id]
-        self.dead.append((lease.seq, lease.group_id, lease.event, g.priority, g.attempts))
-        if hold:
-            self.held.add(lease.group_id)
-        self._finish(lease)
+        self._dead_letter_head(lease.group_id, lease.seq, hold)
         return True
 
     def hold(self, group_id: str) -> None:
@@ -198,6 +253,26 @@ class Model:
                 # A group with no kept place gets one now: never claimed, last created.
                 self.retired[group_id] = (0, next(self._created), float("-inf"))
         self.held.add(group_id)
+
+    def schedule(
+        self, name: str, group_id: str, event: Any, priority: int, every: float, catch_up: bool
+    ) -> float:
+        self.schedules[name] = [group_id, event, priority, every, catch_up, self.now + every]
+        return self.now + every
+
+    def fire(self) -> int:
+        """Each due schedule publishes one message for the ticks it missed (one per tick with
+        catch_up), in the order of their next tick, then name; and moves on past now."""
+        due = sorted((v[5], name) for name, v in self.schedules.items() if v[5] <= self.now)
+        published = 0
+        for next_at, name in due:
+            group_id, event, priority, every, catch_up, _ = self.schedules[name]
+            missed = math.floor((self.now - next_at) / every) + 1
+            for _ in range(missed if catch_up else 1):
+                self.publish(group_id, event, priority, None)
+                published += 1
+            self.schedules[name][5] = next_at + missed * every
+        return published
 
     def release(self, group_id: str) -> bool:
         held = group_id in self.held
@@ -252,11 +327,20 @@ class QueueMachine(RuleBasedStateMachine):
 
     # -------------------------------------------------------------------------- publish
 
-    @rule(group_id=groups, priority=priorities, dedup_id=dedup_ids)
-    def publish(self, group_id: str, priority: int, dedup_id: str | None) -> None:
+    @rule(group_id=groups, priority=priorities, dedup_id=dedup_ids, delay=delays_, ttl=ttls)
+    def publish(
+        self,
+        group_id: str,
+        priority: int,
+        dedup_id: str | None,
+        delay: float | None,
+        ttl: float | None,
+    ) -> None:
         event = next(self.events)
-        seq = self.q.publish(group_id, event, priority, dedup_id=dedup_id)
-        assert seq == self.model.publish(group_id, event, priority, dedup_id)
+        seq = self.q.publish(group_id, event, priority, dedup_id=dedup_id, delay=delay, ttl=ttl)
+        if delay:
+            note_event("a delayed publish")
+        assert seq == self.model.publish(group_id, event, priority, dedup_id, delay, ttl)
 
     @initialize(items=st.lists(st.tuples(groups, priorities, dedup_ids), max_size=12))
     def a_backlog(self, items: list[tuple[str, int, str | None]]) -> None:
@@ -386,6 +470,36 @@ class QueueMachine(RuleBasedStateMachine):
             return multiple()
         return self._claimed(result.leases, self.model.claim(n, min_priority, visibility))
 
+    @rule(
+        name=st.sampled_from(["s1", "s2"]),
+        group_id=groups,
+        priority=priorities,
+        every=st.sampled_from([2.5, 10.0, 30.0]),
+        catch_up=st.booleans(),
+    )
+    def schedule(
+        self, name: str, group_id: str, priority: int, every: float, catch_up: bool
+    ) -> None:
+        event = next(self.events)
+        made = self.q.schedule(
+            name, group_id, event, every=every, priority=priority, catch_up=catch_up
+        )
+        assert made.next_at == self.model.schedule(name, group_id, event, priority, every, catch_up)
+
+    @rule(name=st.sampled_from(["s1", "s2"]))
+    def unschedule(self, name: str) -> None:
+        assert self.q.unschedule(name) == (self.model.schedules.pop(name, None) is not None)
+
+    @rule()
+    def fire_schedules(self) -> None:
+        published = self.q.fire_schedules()
+        assert published == self.model.fire()
+        if published:
+            note_event("a schedule ticked")
+        assert {s.name: s.next_at for s in self.q.schedules()} == {
+            name: v[5] for name, v in self.model.schedules.items()
+        }
+
     @rule(group_id=groups)
     def hold(self, group_id: str) -> None:
         self.q.hold_group(group_id)
@@ -406,7 +520,7 @@ class QueueMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def peek(self, data: st.DataObject) -> None:
         group_id = data.draw(st.sampled_from(sorted(self.model.groups)))
-        want = [(seq, event) for seq, event, _ in self.model.groups[group_id].messages]
+        want = [(m.seq, m.event) for m in self.model.groups[group_id].messages]
         assert self.q.peek(group_id, 100) == want
 
     @invariant()
@@ -426,6 +540,8 @@ class QueueMachine(RuleBasedStateMachine):
             stats.parked,
             stats.dead,
             stats.held,
+            stats.delayed,
+            stats.expired,
         ) == (
             sum(len(g.messages) for g in live),
             len(live),
@@ -433,9 +549,11 @@ class QueueMachine(RuleBasedStateMachine):
             parked,
             len(m.dead),
             len(m.held),
+            sum(msg.due > m.now for g in live for msg in g.messages),
+            m.expired,
         )
         assert stats.by_priority == by_priority
-        oldest = min((p for g in live for _, _, p in g.messages), default=None)
+        oldest = min((m.published_at for g in live for m in g.messages), default=None)
         if oldest is None:
             assert stats.oldest_age is None
         else:

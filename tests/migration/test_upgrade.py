@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sqlite3
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -147,3 +148,33 @@ def test_after_the_upgrade_leases_parks_dedup_and_order_behave_as_before(
     assert q.requeue_dead() == 1
     back = q.claim("new", 30)
     assert back is not None and (back.group_id, back.event) == ("dead", {"n": 0})
+
+
+def test_an_upgraded_database_has_the_same_tables_as_a_new_one(tmp_path: Path) -> None:
+    """Columns, their order and defaults, and indexes: what `migrate` makes of a v1 database
+    is what `create` makes of an empty one."""
+    upgraded, fresh = tmp_path / "upgraded.db", tmp_path / "fresh.db"
+    shutil.copy(FIXTURES / "v1.db", upgraded)
+    for path in (upgraded, fresh):
+        q = SqliteTransport(str(path), queue="default")
+        q.setup()
+        q.close()
+    assert _shape(upgraded) == _shape(fresh)
+
+
+def _shape(path: Path) -> dict[str, Any]:
+    """Each table's columns (name, type, not null, default, key); each index's columns and
+    condition (the text of its CREATE statement, spacing aside)."""
+    db = sqlite3.connect(path)
+    try:
+        rows = db.execute(
+            "SELECT type, name, sql FROM sqlite_master WHERE name LIKE 'rq_default_%'"
+        ).fetchall()
+        return {
+            name: db.execute(f"PRAGMA table_info({name})").fetchall()
+            if kind == "table"
+            else " ".join(sql.replace("IF NOT EXISTS ", "").split())
+            for kind, name, sql in rows
+        }
+    finally:
+        db.close()

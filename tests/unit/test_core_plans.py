@@ -42,15 +42,23 @@ def lease(seq: int, group: str, token: str = "w:T0") -> Lease:
 
 def test_a_claim_reads_its_leases_and_a_resend_reads_the_same() -> None:
     plan = core().claim("w", 30, 2, 0)
-    rows = [[7, "a", '{"n":7}', 1, NOW + 30], [9, "b", '{"n":9}', 2, NOW + 30]]
+    rows = [[7, "a", '{"n":7}', 1, NOW + 30, None], [9, "b", '{"n":9}', 2, NOW + 30, None]]
     canned = reply(plan.batch, leased=sql.Result(rows=rows))
-    leases = plan.read(canned)
+    leases = plan.read(canned).leases
     assert [(x.seq, x.group_id, x.event, x.attempts) for x in leases] == [
         (7, "a", {"n": 7}, 1),
         (9, "b", {"n": 9}, 2),
     ]
     assert {x.token for x in leases} == {"w:T1"}
-    assert plan.replay is not None and plan.replay(canned) == leases
+    assert plan.replay is not None and plan.replay(canned).leases == leases
+
+
+def test_a_lease_on_an_expired_message_is_set_apart() -> None:
+    plan = core().claim("w", 30, 2, 0)
+    rows = [[7, "a", "1", 1, NOW + 30, NOW - 1], [9, "b", "2", 1, NOW + 30, NOW + 60]]
+    result = plan.read(reply(plan.batch, leased=sql.Result(rows=rows)))
+    assert [x.seq for x in result.leases] == [9]
+    assert [x.seq for x in result.expired] == [7]
 
 
 def test_the_same_sources_make_the_same_batch() -> None:

@@ -24,7 +24,7 @@ from ..core import (
 )
 from ..errors import BackendError, InvalidArgument, OutcomeUnknown, Unavailable
 from ..http_async import AiohttpClient
-from ..lease import DeadLetter, Lease, Stats
+from ..lease import DeadLetter, Lease, Schedule, Stats
 from ..rqlite_http import MIN_ATTEMPT, parse_endpoints, redact
 from ..sql import Batch, Reply, Result
 from ..sqlite_backend import AsyncSqliteExecutor
@@ -171,12 +171,27 @@ class AsyncTransport:
     # ------------------------------------------------------------------------ the seed's calls
 
     async def publish(
-        self, group_id: str, event: Any, priority: int = 0, *, dedup_id: str | None = None
+        self,
+        group_id: str,
+        event: Any,
+        priority: int = 0,
+        *,
+        dedup_id: str | None = None,
+        delay: float | None = None,
+        not_before: float | None = None,
+        ttl: float | None = None,
     ) -> int:
         """Append `event` to `group_id`'s FIFO; returns its seq. `priority` (0-4) is fixed by
         the publish that creates the group. With `dedup_id` (or the transport's `dedup_key`),
-        a repeat within the dedup window publishes nothing and returns the first seq."""
-        return await self._run(self._core.publish(group_id, event, priority, dedup_id))
+        a repeat within the dedup window publishes nothing and returns the first seq.
+
+        `delay` (seconds) or `not_before` (epoch seconds): not delivered before then; FIFO is
+        kept, so the messages published after it in its group wait too. `ttl` (seconds): if it
+        is not delivered within them, it is moved to the dead letters (reason `expired`)
+        instead, and its group moves on."""
+        return await self._run(
+            self._core.publish(group_id, event, priority, dedup_id, delay, not_before, ttl)
+        )
 
     async def claim(self, worker_id: str, visibility: float, min_priority: int = 0) -> Lease | None:
         """Lease the head of the claimable group claimed least recently, for `visibility`
@@ -222,9 +237,32 @@ class AsyncTransport:
         plan = self._core.claim(worker_id, visibility, n, min_priority)
         if self._idle.get(min_priority) and not await self._worth_claiming(min_priority):
             return []
-        leases = await self._run(plan)
-        self._idle[min_priority] = not leases
-        return leases
+        result = await self._claimed(await self._run(plan), worker_id, visibility, min_priority)
+        self._idle[min_priority] = not result.leases
+        return result.leases
+
+    async def _claimed(
+        self, result: Round, worker_id: str | None, visibility: float, min_priority: int
+    ) -> Round:
+        """Leases taken on messages whose ttl had passed are never handed out: they are
+        dead-lettered (reason `expired`), and as many leases claimed again in the same round
+        trip. If that fails, those leases lapse and the next claim expires them."""
+        leases, expired = list(result.leases), result.expired
+        while expired:
+            plan = self._core.round(
+                worker_id=worker_id,
+                visibility=visibility,
+                n=len(expired),
+                min_priority=min_priority,
+                expired=expired,
+            )
+            try:
+                more = await self._run(plan)
+            except Unavailable:
+                break
+            leases += more.leases
+            expired = more.expired
+        return Round(leases=leases, lost=result.lost, extended=result.extended)
 
     async def _worth_claiming(self, min_priority: int) -> bool:
         probe = await self.probe(min_priority)
@@ -252,19 +290,18 @@ class AsyncTransport:
         `(lease, reason)`, holding their groups with `hold_dead`) and claim up to `n` new
         leases, in one round trip and one transaction. Leases that no longer held are listed
         in `Round.lost` (they changed nothing); nothing is raised for them."""
-        return await self._run(
-            self._core.round(
-                worker_id=worker_id,
-                visibility=visibility,
-                n=n,
-                min_priority=min_priority,
-                ack=ack,
-                nack=nack,
-                extend=extend,
-                dead=dead,
-                hold_dead=hold_dead,
-            )
+        plan = self._core.round(
+            worker_id=worker_id,
+            visibility=visibility,
+            n=n,
+            min_priority=min_priority,
+            ack=ack,
+            nack=nack,
+            extend=extend,
+            dead=dead,
+            hold_dead=hold_dead,
         )
+        return await self._claimed(await self._run(plan), worker_id, visibility, min_priority)
 
     async def ack_many(self, leases: Sequence[Lease]) -> None:
         """Ack several leases in one round trip. Those that still hold are acked; if any did
@@ -280,6 +317,50 @@ class AsyncTransport:
         """Move the message to the dead-letter table, with `reason`, and free its group (or,
         with `hold`, hold it until `release_group`)."""
         await self._run(self._core.dead_letter(lease, reason, hold))
+
+    async def schedule(
+        self,
+        name: str,
+        group_id: str,
+        event: Any,
+        *,
+        every: float | None = None,
+        cron: str | None = None,
+        priority: int = 0,
+        catch_up: bool = False,
+        start_at: float | None = None,
+    ) -> Schedule:
+        """Publish `event` to `group_id` every `every` seconds, or at the times of the `cron`
+        expression (UTC), from `start_at` (default: the first tick after now). Stored in the
+        queue: it survives restarts, and its ticks are published by whichever workers run
+        (`Worker`, or `rqlite-queue scheduler`), each exactly once. A stretch with no worker
+        running gives one message for all the ticks it missed (`catch_up=True`: one per
+        tick, at most 1000). Scheduling a name again replaces it."""
+        return await self._run(
+            self._core.schedule(
+                name,
+                group_id,
+                event,
+                every=every,
+                cron=cron,
+                priority=priority,
+                catch_up=catch_up,
+                start_at=start_at,
+            )
+        )
+
+    async def unschedule(self, name: str) -> bool:
+        """Remove a schedule; False if there was none of that name."""
+        return await self._run(self._core.unschedule(name))
+
+    async def schedules(self) -> list[Schedule]:
+        return await self._run(self._core.schedules())
+
+    async def fire_schedules(self) -> int:
+        """Publish the ticks that are due (a read, then a write only if some are); returns how
+        many messages went out. Workers call it between claims."""
+        due = await self._run(self._core.due_schedules())
+        return await self._run(self._core.fire(due)) if due else 0
 
     async def hold_group(self, group_id: str) -> None:
         """No claim takes this group until `release_group` (a lease in flight on it finishes

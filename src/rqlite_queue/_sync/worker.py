@@ -39,6 +39,9 @@ CLAIM_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2
 PERMANENT = (AuthError, SchemaError, TransportClosed)
 """Errors no retry can mend: the worker stops and `run` raises them."""
 MAX_ERROR_WAIT = 2.0
+SCHEDULE_CHECK = 1.0
+"""A busy worker looks for due schedules this often (an idle one learns the next tick from
+its polls)."""
 
 
 @dataclass
@@ -57,6 +60,8 @@ class WorkerStats:
     """Round trips to the backend (each one write: settle and claim together)."""
     probes: int = 0
     """Node-local reads made while idle (no write)."""
+    ticks: int = 0
+    """Messages this worker published for due schedules."""
     claim_seconds: float = 0.0
     """Total time spent in round trips that claimed (divide by claim_rounds for the mean)."""
     claim_rounds: int = 0
@@ -115,6 +120,9 @@ class Worker:
       is dropped and logged.
     - `stop()` (or SIGINT/SIGTERM while `run` runs in the main thread): stop claiming, let
       handlers finish within `grace` seconds, settle them, give the rest back. Nothing is lost.
+    - Schedules: between claims it publishes the ticks of the queue's schedules that are due
+      (each exactly once, whichever worker gets there first); `schedules=False` leaves that to
+      others (`rqlite-queue scheduler`).
     - Errors no retry can mend (wrong credentials, a newer schema, a closed transport) stop the
       worker: `run` raises them."""
 
@@ -135,6 +143,7 @@ class Worker:
         poll_interval: float = 0.05,
         grace: float = 30.0,
         heartbeat_interval: float | None = None,
+        schedules: bool = True,
     ) -> None:
         SyncRuntime.check_handler(handler)
         check_int(concurrency, "concurrency", 1, 10_000)
@@ -145,6 +154,7 @@ class Worker:
         if heartbeat_interval is not None:
             check_seconds(heartbeat_interval, "heartbeat_interval", allow_zero=False)
         check_bool(hold_group_on_dead_letter, "hold_group_on_dead_letter")
+        check_bool(schedules, "schedules")
         if not isinstance(non_retryable, Sequence) or not all(
             isinstance(t, type) and issubclass(t, BaseException) for t in non_retryable
         ):
@@ -169,6 +179,9 @@ class Worker:
         self._stopping = False
         self._rng = random.Random()
         self._runtime: SyncRuntime | None = None
+        self.schedules = schedules
+        self._next_tick = 0.0
+        """When (the transport's clock) to look for due schedules next."""
 
     # ----------------------------------------------------------------------------- control
 
@@ -224,6 +237,8 @@ class Worker:
                     )
             if give_up_at is not None and now >= give_up_at and self._running:
                 self._give_back_running()
+            if self.schedules and not self._stopping:
+                self._fire_schedules()
             extend = self._due_heartbeats()
             free = 0 if self._stopping else self.concurrency - len(self._running)
             if not self._pending and not extend:
@@ -281,9 +296,25 @@ class Worker:
         except QueueError as exc:
             log.warning("worker %s: probe failed: %s", self.worker_id, exc)
             return False
+        if probe.next_tick is not None:
+            self._next_tick = min(self._next_tick, probe.next_tick)
         return probe.claimable or (
             probe.next_due is not None and probe.next_due <= self.transport.clock()
         )
+
+    def _fire_schedules(self) -> None:
+        """Publish the schedules' due ticks: at once when an idle probe says one is due,
+        otherwise at most every SCHEDULE_CHECK seconds (a read; a write only if one is)."""
+        now = self.transport.clock()
+        if now < self._next_tick:
+            return
+        self._next_tick = now + SCHEDULE_CHECK
+        try:
+            self.stats.ticks += self.transport.fire_schedules()
+        except PERMANENT:
+            raise
+        except QueueError as exc:
+            log.warning("worker %s: firing schedules failed: %s", self.worker_id, exc)
 
     def _next_wake(self, give_up_at: float | None, polling: bool) -> float:
         """How long to wait for a handler to finish: until the next heartbeat is due, the
