@@ -90,8 +90,8 @@ class Round:
 
 @dataclass(frozen=True, slots=True)
 class Probe:
-    """A node-local look at the queue: is a group claimable now, and when does the earliest
-    lease or park end (None: none in flight)."""
+    """A look at the queue without a Raft round: is a group claimable now, when does the
+    earliest lease, park or delayed head end (None: none), when is the next schedule due."""
 
     claimable: bool
     next_due: float | None

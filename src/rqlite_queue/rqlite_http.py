@@ -4,8 +4,9 @@ failure means), as a generator that the sync and async clients drive.
 
 Writes go to `/db/request?transaction`: one Raft entry, one SQLite transaction on every node,
 and the `SELECT`s inside it come back as rows. Fresh reads go to `/db/query?level=linearizable`;
-node-local reads to `/db/query?level=none`. Followers forward both to the leader (rqlite v8 does
-not redirect unless asked)."""
+reads that need no Raft round (an idle worker's polls) to `/db/query?level=weak`, the leader's
+own copy. Followers forward all of them to the leader (rqlite v8 does not redirect unless
+asked)."""
 
 from __future__ import annotations
 

@@ -67,8 +67,9 @@ class Statement:
 class Batch:
     """Statements sent together. `write=True`: one transaction through the leader (rqlite
     `/db/request?transaction`, SQLite `BEGIN IMMEDIATE`); `write=False`: a fresh read (rqlite
-    `/db/query?level=linearizable`), or with `local=True` whatever the node asked has (rqlite
-    `level=none`: no round trip to the leader, possibly a little behind).
+    `/db/query?level=linearizable`), or with `local=True` the leader's own copy, without a
+    Raft round (rqlite `level=weak`: it may miss a write committed a moment ago by a leader
+    that lost its place, never one this client made).
 
     `slots` names the statements whose results a reader uses."""
 
@@ -754,9 +755,9 @@ def read_leased(reply: Reply) -> list[LeasedRow]:
 
 
 def probe(n: Names, *, min_priority: int) -> Batch:
-    """Is anything claimable, and when does the earliest lease or park end? A node-local read:
-    a claim that would find nothing costs no Raft write (a stale answer only delays a claim to
-    the next poll)."""
+    """Is anything claimable, when does the earliest lease, park or delayed head end, and when is
+    the next schedule due? A leader-local read (no Raft round): a claim that would find nothing
+    costs no Raft write (a stale answer only delays a claim to the next poll)."""
     # min() over the column an index is ordered by: one probe of the all-ready index, or of
     # the per-priority one from the floor up.
     first = (

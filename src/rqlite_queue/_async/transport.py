@@ -269,8 +269,9 @@ class AsyncTransport:
         return probe.claimable or (probe.next_due is not None and probe.next_due <= self.clock())
 
     async def probe(self, min_priority: int = 0) -> Probe:
-        """A node-local look (no Raft write): is a group claimable now, and when does the
-        earliest lease or park end? The answer may be a little behind the leader's."""
+        """A look without a Raft round (a read of the leader's copy, no write): is a group
+        claimable now, when does the earliest lease, park or delayed head end, when is the next
+        schedule due?"""
         return await self._run(self._core.probe(min_priority))
 
     async def settle_and_claim(

@@ -103,8 +103,9 @@ class AsyncWorker:
     - One round trip at a time settles every message whose handler finished (ack, retry,
       dead letter) and claims as many new ones as there are free slots: one write (one Raft
       entry) per round, however many messages it carries. At concurrency 1 that is one write
-      per message; at concurrency c, the handlers that finished during a round trip are
-      settled, and their slots refilled, by the next one.
+      per message; at concurrency c, the handlers that finished during a round trip (or within
+      `batch_wait`, 2 ms, of the first to finish while others run) are settled, and their
+      slots refilled, by the next one.
     - Idle (the last claim found nothing and nothing is left to settle), it asks the node it
       talks to, every `poll_interval` seconds, whether anything is claimable: a read, no
       write. A new message is picked up within about `poll_interval`.
@@ -143,6 +144,7 @@ class AsyncWorker:
         grace: float = 30.0,
         heartbeat_interval: float | None = None,
         schedules: bool = True,
+        batch_wait: float = 0.002,
     ) -> None:
         AsyncRuntime.check_handler(handler)
         check_int(concurrency, "concurrency", 1, 10_000)
@@ -150,6 +152,7 @@ class AsyncWorker:
         check_seconds(visibility, "visibility", allow_zero=False)
         check_seconds(poll_interval, "poll_interval", allow_zero=False)
         check_seconds(grace, "grace", allow_zero=True)
+        check_seconds(batch_wait, "batch_wait", allow_zero=True)
         if heartbeat_interval is not None:
             check_seconds(heartbeat_interval, "heartbeat_interval", allow_zero=False)
         check_bool(hold_group_on_dead_letter, "hold_group_on_dead_letter")
@@ -179,6 +182,7 @@ class AsyncWorker:
         self._rng = random.Random()
         self._runtime: AsyncRuntime | None = None
         self.schedules = schedules
+        self.batch_wait = float(batch_wait)
         self._next_tick = 0.0
         """When (the transport's clock) to look for due schedules next."""
 
@@ -222,6 +226,7 @@ class AsyncWorker:
         floor_again = False
         errors = 0
         give_up_at: float | None = None
+        batch_until: float | None = None
         while True:
             self._collect()
             now = time.monotonic()
@@ -246,6 +251,15 @@ class AsyncWorker:
                 if free == 0 or (idle and not await self._worth_claiming(runtime)):
                     await runtime.wait(self._next_wake(give_up_at, idle and free > 0))
                     continue
+            if self._pending and self._running and not self._stopping:
+                # Handlers still running may finish in a moment: wait a little for them, so
+                # one round trip settles (and refills) many slots instead of a few.
+                now = time.monotonic()
+                batch_until = batch_until or now + self.batch_wait
+                if now < batch_until:
+                    await runtime.wait(batch_until - now)
+                    continue
+            batch_until = None
             floor = 0 if floor_again else self.priority.next_floor()
             pending = self._pending.take()
             started = time.monotonic()
@@ -286,7 +300,7 @@ class AsyncWorker:
                 runtime.start(self.handler, lease, key, self._on_done)
 
     async def _worth_claiming(self, runtime: AsyncRuntime) -> bool:
-        """Idle: is a claim worth a write? A node-local read decides."""
+        """Idle: is a claim worth a write? A read without a Raft round decides."""
         self.stats.probes += 1
         try:
             probe = await self.transport.probe(0)

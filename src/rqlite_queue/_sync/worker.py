@@ -104,8 +104,9 @@ class Worker:
     - One round trip at a time settles every message whose handler finished (ack, retry,
       dead letter) and claims as many new ones as there are free slots: one write (one Raft
       entry) per round, however many messages it carries. At concurrency 1 that is one write
-      per message; at concurrency c, the handlers that finished during a round trip are
-      settled, and their slots refilled, by the next one.
+      per message; at concurrency c, the handlers that finished during a round trip (or within
+      `batch_wait`, 2 ms, of the first to finish while others run) are settled, and their
+      slots refilled, by the next one.
     - Idle (the last claim found nothing and nothing is left to settle), it asks the node it
       talks to, every `poll_interval` seconds, whether anything is claimable: a read, no
       write. A new message is picked up within about `poll_interval`.
@@ -144,6 +145,7 @@ class Worker:
         grace: float = 30.0,
         heartbeat_interval: float | None = None,
         schedules: bool = True,
+        batch_wait: float = 0.002,
     ) -> None:
         SyncRuntime.check_handler(handler)
         check_int(concurrency, "concurrency", 1, 10_000)
@@ -151,6 +153,7 @@ class Worker:
         check_seconds(visibility, "visibility", allow_zero=False)
         check_seconds(poll_interval, "poll_interval", allow_zero=False)
         check_seconds(grace, "grace", allow_zero=True)
+        check_seconds(batch_wait, "batch_wait", allow_zero=True)
         if heartbeat_interval is not None:
             check_seconds(heartbeat_interval, "heartbeat_interval", allow_zero=False)
         check_bool(hold_group_on_dead_letter, "hold_group_on_dead_letter")
@@ -180,6 +183,7 @@ class Worker:
         self._rng = random.Random()
         self._runtime: SyncRuntime | None = None
         self.schedules = schedules
+        self.batch_wait = float(batch_wait)
         self._next_tick = 0.0
         """When (the transport's clock) to look for due schedules next."""
 
@@ -223,6 +227,7 @@ class Worker:
         floor_again = False
         errors = 0
         give_up_at: float | None = None
+        batch_until: float | None = None
         while True:
             self._collect()
             now = time.monotonic()
@@ -247,6 +252,15 @@ class Worker:
                 if free == 0 or (idle and not self._worth_claiming(runtime)):
                     runtime.wait(self._next_wake(give_up_at, idle and free > 0))
                     continue
+            if self._pending and self._running and not self._stopping:
+                # Handlers still running may finish in a moment: wait a little for them, so
+                # one round trip settles (and refills) many slots instead of a few.
+                now = time.monotonic()
+                batch_until = batch_until or now + self.batch_wait
+                if now < batch_until:
+                    runtime.wait(batch_until - now)
+                    continue
+            batch_until = None
             floor = 0 if floor_again else self.priority.next_floor()
             pending = self._pending.take()
             started = time.monotonic()
@@ -287,7 +301,7 @@ class Worker:
                 runtime.start(self.handler, lease, key, self._on_done)
 
     def _worth_claiming(self, runtime: SyncRuntime) -> bool:
-        """Idle: is a claim worth a write? A node-local read decides."""
+        """Idle: is a claim worth a write? A read without a Raft round decides."""
         self.stats.probes += 1
         try:
             probe = self.transport.probe(0)
