@@ -89,6 +89,18 @@ def targets(res: Results, env: str) -> list[Target]:
                 _verdict(r, 1.5, at_most=True),
             )
         )
+    delayed = [p for p in res.section(f"{env}.delayed") if p.system.startswith("ours:")]
+    loaded = [p for p in delayed if int(p.x) > 0]
+    plain = [p for p in delayed if int(p.x) == 0]
+    if loaded and plain:
+        r = ratio(loaded[0], plain[0])
+        out.append(
+            Target(
+                f"claim with {int(loaded[0].x):,} delayed messages queued ≤ 1.5 x with none",
+                f"{r}",
+                _verdict(r, 1.5, at_most=True),
+            )
+        )
     pub = f"{env}.publish"
     r = ratio(res.get(pub, "ours", 100), res.get(pub, "ours", 1))
     out.append(
@@ -270,6 +282,13 @@ def latency_md(res: Results, sec: str) -> str:
         ],
         rows,
     )
+
+
+def delayed_md(res: Results, sec: str) -> str:
+    pts = sorted(res.section(sec), key=lambda p: int(p.x))
+    base = pts[0]
+    rows = [(f"{int(p.x):,}", p.system.split(":", 1)[1], str(ratio(p, base)), cell(p)) for p in pts]
+    return table(["delayed", "queue", "vs nothing delayed", "claim ms"], rows)
 
 
 def timings_md(res: Results, env: str) -> str:
@@ -584,6 +603,11 @@ def markdown(res: Results, meta: dict[str, str], images: list[str]) -> str:
             parts.append(
                 "\n### claim(min_priority=4): behind low-priority groups (backlog) vs "
                 "only the priority-4 groups queued (0)\n\n" + latency_md(res, f"{env}.priority")
+            )
+        if res.section(f"{env}.delayed"):
+            parts.append(
+                "\n### Claim behind delayed messages (each the head of its own group, due in a "
+                "day) vs nothing delayed (0)\n\n" + delayed_md(res, f"{env}.delayed")
             )
         if res.section(f"{env}.prepare"):
             parts.append(

@@ -56,6 +56,7 @@ RQLITE_WORKLOADS = (
     "cycle_big",
     "sweep",
     "priority",
+    "delayed",
     "memory",
     "profile",
     "profile_worker",
@@ -67,6 +68,7 @@ SQLITE_WORKLOADS = (
     "cycle_big",
     "sweep",
     "priority",
+    "delayed",
     "prepare",
     "profile",
     "profile_worker",
@@ -123,6 +125,7 @@ def run_all(
         "cycle_big": lambda: workloads.cycle(env, cfg, res, big=True),
         "sweep": lambda: workloads.sweep(env, cfg, res),
         "priority": lambda: workloads.priority(env, cfg, res),
+        "delayed": lambda: workloads.delayed(env, cfg, res),
         "memory": lambda: workloads.memory(env, cfg, res),
         "prepare": lambda: workloads.prepare_cost(env.path, res),
         "profile": lambda: workloads.profile(
@@ -153,15 +156,16 @@ def rqlite_env(cluster: Cluster) -> Env:
     url = cluster.wait_ready().http_url  # every client talks to the leader
     admin = RqliteAdmin(url)
 
-    def ours() -> RqliteTransport:
-        t = RqliteTransport(url, timeout=120.0, queue=QUEUE)
+    def ours_on(queue: str) -> RqliteTransport:
+        t = RqliteTransport(url, timeout=120.0, queue=queue)
         t.setup()
         return t
 
     return Env(
         label="rqlite",
         admin=admin,
-        ours=ours,
+        ours=lambda: ours_on(QUEUE),
+        ours_on=ours_on,
         seed=lambda: SeedRqliteTransport(url),
         floor=lambda i: FloorRqlite(url, i),
         ours_async=lambda: AsyncRqliteTransport(url, timeout=120.0, queue=QUEUE),
@@ -172,8 +176,8 @@ def rqlite_env(cluster: Cluster) -> Env:
 
 
 def sqlite_env(path: str) -> Env:
-    def ours() -> SqliteTransport:
-        t = SqliteTransport(path, queue=QUEUE)
+    def ours_on(queue: str) -> SqliteTransport:
+        t = SqliteTransport(path, queue=queue)
         t.setup()
         return t
 
@@ -181,7 +185,8 @@ def sqlite_env(path: str) -> Env:
         label="sqlite",
         path=path,
         admin=SqliteAdmin(path),
-        ours=ours,
+        ours=lambda: ours_on(QUEUE),
+        ours_on=ours_on,
         seed=lambda: SeedSqliteTransport(path),
         floor=lambda i: FloorSqlite(path, i),
         ours_async=lambda: AsyncSqliteTransport(path, queue=QUEUE),
@@ -234,6 +239,7 @@ def smoke(cfg: Config) -> Config:
         sweep_claims=3,
         seed_budget_s=2.0,
         priority_behind=2_000,
+        delayed_behind=2_000,
         memory_messages=min(cfg.memory_messages, 1_000),
         timing_requests=min(cfg.timing_requests, 5),
         worker_reps=1,

@@ -79,6 +79,7 @@ class Config:
     seed_budget_s: float  # per sweep/priority point, all repetitions together
     priority_behind: int
     priority_high: tuple[int, int]  # messages, groups at priority 4
+    delayed_behind: int  # delayed messages (each the head of its own group) behind claims
     memory_messages: int
     timing_requests: int
     cap_s: float  # safety cap on one concurrent run
@@ -112,6 +113,7 @@ def rqlite_config(full: bool) -> Config:
         seed_budget_s=45.0 if full else 8.0,
         priority_behind=1_000_000 if full else 100_000,
         priority_high=(200, 20),
+        delayed_behind=1_000_000 if full else 100_000,
         memory_messages=200_000 if full else 20_000,
         timing_requests=200 if full else 60,
         cap_s=120.0,
@@ -143,6 +145,7 @@ def sqlite_config(full: bool) -> Config:
         seed_budget_s=30.0 if full else 6.0,
         priority_behind=1_000_000 if full else 100_000,
         priority_high=(200, 20),
+        delayed_behind=1_000_000 if full else 100_000,
         memory_messages=0,
         timing_requests=0,
         cap_s=120.0,
@@ -159,6 +162,7 @@ class Env:
     label: str  # "rqlite" or "sqlite": the prefix of every section
     admin: Admin
     ours: Callable[[], Transport]  # a set-up transport on QUEUE
+    ours_on: Callable[[str], Transport]  # a set-up transport on another queue
     seed: Callable[[], Any]  # SeedRqliteTransport | SeedSqliteTransport, set up
     floor: Callable[[int], Any]  # FloorRqlite | FloorSqlite writing row i
     ours_async: Callable[[], AsyncTransport] | None = None  # not set up (its loop's job)
@@ -508,6 +512,51 @@ def priority(env: Env, cfg: Config, res: Results) -> None:
         log(f"{sec} built {behind} low + {high} high ({time.perf_counter() - t0:.1f}s)")
         _latency_point(env, cfg, res, sec, behind, "min_priority=4", min_priority=4)
     drop_all(env.admin, QUEUE)
+
+
+def delayed(env: Env, cfg: Config, res: Results) -> None:
+    """claim behind `delayed_behind` delayed messages, each the head of its own group (due in
+    a day, so every one of those groups waits in the index of busy groups, the worst shape
+    for a claim) vs the same claimable messages on a queue with nothing delayed. The two
+    queues live side by side and are measured alternately, repetition by repetition."""
+    sec = f"{env.label}.delayed"
+    plain, loaded = f"{QUEUE}_plain", QUEUE
+    ready = cfg.reps * (cfg.sweep_claims + 2) + 10  # every claim of the point, warm-ups too
+    t0 = time.perf_counter()
+    for queue in (plain, loaded):
+        reset_ours(env.admin, queue)
+        q = env.ours_on(queue)
+        q.publish_many([(f"r{i}", {"i": i}) for i in range(ready)])
+        q.close()
+    q = env.ours_on(loaded)
+    chunk = 1000
+    for lo in range(0, cfg.delayed_behind, chunk):
+        q.publish_many(
+            {"group_id": f"d{i}", "event": {"i": i}, "delay": 86_400.0}
+            for i in range(lo, min(lo + chunk, cfg.delayed_behind))
+        )
+    stats = q.stats()
+    q.close()
+    if stats.depth != ready + cfg.delayed_behind or stats.delayed != cfg.delayed_behind:
+        raise RuntimeError(f"the delayed backlog is not what was built: {stats}")
+    settle(env)
+    built = time.perf_counter() - t0
+    log(f"{sec} built {cfg.delayed_behind:,} delayed + {ready} ready messages ({built:.1f}s)")
+    points = {plain: ("nothing delayed", 0), loaded: ("delayed backlog", cfg.delayed_behind)}
+    for queue in (plain, loaded):  # warm-up, not counted
+        q = env.ours_on(queue)
+        _timed_claims(q, 2)
+        q.close()
+    for rep in range(cfg.reps):
+        for queue in rotate([plain, loaded], rep):
+            note, x = points[queue]
+            q = env.ours_on(queue)
+            lat = _timed_claims(q, cfg.sweep_claims)
+            q.close()
+            p = res.add(sec, f"ours:{note}", x, "ms", statistics.median(lat))
+            log(f"{sec} {note} x={x}: claim {p.values[-1]:.2f} ms")
+    drop_all(env.admin, plain)
+    drop_all(env.admin, loaded)
 
 
 # ------------------------------------------------------------------------------------ memory

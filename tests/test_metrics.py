@@ -104,6 +104,9 @@ def test_counters_and_depth_move_after_work(
             for priority in range(5):
                 assert value(after, "rqlite_queue_depth", priority=str(priority)) == 0
             assert value(after, "rqlite_queue_stats_errors_total") == 0
+            worker.stop()  # before the transport closes under it
+            thread.join(10)
+            assert not thread.is_alive()
         with pytest.raises(httpx.HTTPError):
             httpx.get(endpoint, timeout=2)
 

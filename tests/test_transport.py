@@ -67,6 +67,29 @@ def test_every_operation_is_one_http_request(cluster3: Cluster) -> None:
     q.close()
 
 
+def test_rqlite_keeps_the_rows_of_the_claims_returning_form(cluster3: Cluster) -> None:
+    """A claim without a priority floor, settling at most one lease, reads its leases from its
+    own `UPDATE ... RETURNING`. rqlite keeps those rows only for statements its SQL parser
+    takes (an unquoted `key` column, an `UPDATE t AS g` were not); when it drops them the
+    transport falls back to a resend, correct but one more request: none must happen here."""
+    url = cluster3.followers()[0].http_url
+    q = RqliteTransport(url, queue=fresh_queue())
+    q.publish_many([("a", 1), ("b", 2), ("a", 3)])
+    assert q._core.claim("w", 30, 1, 0).batch.returning  # the form under test
+    first = q.settle_and_claim("w", 30, 1)
+    assert [(lease.group_id, lease.event, lease.attempts) for lease in first.leases] == [
+        ("a", 1, 1)
+    ]
+    second = q.settle_and_claim("w", 30, 1, ack=first.leases)
+    assert [(lease.group_id, lease.event) for lease in second.leases] == [("b", 2)]
+    third = q.settle_and_claim("w", 30, 1, ack=second.leases)
+    assert [(lease.group_id, lease.event) for lease in third.leases] == [("a", 3)]
+    assert q.settle_and_claim("w", 30, 1, ack=third.leases).leases == []
+    assert q.resent == 0
+    assert q.stats().depth == 0
+    q.close()
+
+
 def test_an_idle_claim_does_not_write_to_raft(cluster3: Cluster) -> None:
     q = RqliteTransport(cluster3.url, queue=fresh_queue())
     q.setup()

@@ -31,6 +31,7 @@ from .errors import (
     EncodeError,
     InvalidArgument,
     LeaseLost,
+    OutcomeUnknown,
     PayloadTooLarge,
     QueueError,
     SchemaError,
@@ -68,6 +69,8 @@ class Plan(Generic[T]):
     """How to read the results of this batch sent once more after a first attempt whose
     outcome is unknown (the reply was lost); None when a second application could do harm,
     so the batch is not sent again."""
+    replay_batch: sql.Batch | None = None
+    """What to send again, if not `batch` itself."""
 
 
 PublishItem = tuple[str, Any] | tuple[str, Any, int] | Mapping[str, Any]
@@ -348,11 +351,20 @@ class QueueCore:
         claim = sql.Claim(token, until, n, min_priority) if n else None
         settle = plan.settle(now, until, hold_dead)
         prune = bool(settle.finish) and self.chance() < PRUNE_CHANCE
-        batch = sql.round_trip(self.names, now=now, settle=settle, claim=claim, prune=prune)
+        batch, resend = (
+            sql.round_trip(
+                self.names, now=now, settle=settle, claim=claim, prune=prune, returning=returning
+            )
+            for returning in (True, False)
+        )
 
         def read(reply: sql.Reply, *, replayed: bool = False) -> Round:
             lost = plan.lost([] if replayed else sql.read_lost(reply, settle))
             lost_ids = {id(lease) for lease in lost}
+            if sql.returned_nothing(reply):
+                # rqlite ran the claim but kept none of its RETURNING rows (its SQL parser did
+                # not take the statement): the resend form reads what the token took.
+                raise OutcomeUnknown("rqlite dropped the rows of a claim's RETURNING")
             leases: list[Lease] = []
             expired: list[Lease] = []
             read_at = self.clock()
@@ -373,7 +385,7 @@ class QueueCore:
                 ],
             )
 
-        return Plan(batch, read, lambda reply: read(reply, replayed=True))
+        return Plan(batch, read, lambda reply: read(reply, replayed=True), resend)
 
     def _decode(self, text: str) -> Any:
         try:

@@ -58,7 +58,7 @@ def request_for(batch: Batch) -> HttpRequest:
         else:
             body.append([statement.sql, *statement.params])
     if batch.write:
-        path = "/db/request?transaction"
+        path = "/db/execute?transaction" if batch.returning else "/db/request?transaction"
     else:
         path = "/db/query?level=" + ("weak" if batch.local else "linearizable")
     encoded = json.dumps(body, separators=(",", ":")).encode("utf-8")

@@ -77,6 +77,10 @@ class Batch:
     write: bool = True
     local: bool = False
     slots: Mapping[str, int] = field(default_factory=dict)
+    returning: bool = False
+    """A write whose only rows come from `RETURNING` (no `SELECT`): rqlite runs it on
+    `/db/execute`, which, unlike `/db/request`, does not compile every statement once more to
+    learn whether it reads or writes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,9 +107,10 @@ class Reply:
 
 
 class _Builder:
-    def __init__(self, *, write: bool = True, local: bool = False) -> None:
+    def __init__(self, *, write: bool = True, local: bool = False, returning: bool = False) -> None:
         self.write = write
         self.local = local
+        self.returning = returning
         self.statements: list[Statement] = []
         self.slots: dict[str, int] = {}
 
@@ -115,7 +120,9 @@ class _Builder:
         self.statements.append(Statement(sql, params))
 
     def build(self) -> Batch:
-        return Batch(tuple(self.statements), self.write, self.local, dict(self.slots))
+        return Batch(
+            tuple(self.statements), self.write, self.local, dict(self.slots), self.returning
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,7 +213,7 @@ def bootstrap(n: Names) -> Batch:
     b = _Builder()
     b.add(f"CREATE TABLE IF NOT EXISTS {n.meta} (key TEXT PRIMARY KEY, value INTEGER NOT NULL)")
     b.add(f"INSERT OR IGNORE INTO {n.meta} (key, value) VALUES ('schema_version', 0)")
-    b.add(f"SELECT value FROM {n.meta} WHERE key = 'schema_version'", slot="version")
+    b.add(f"SELECT value FROM {n.meta} WHERE \"key\" = 'schema_version'", slot="version")
     return b.build()
 
 
@@ -221,14 +228,14 @@ def _still_at(b: _Builder, n: Names, version: int) -> None:
     """Fails the transaction (a duplicate key) unless the stored version is `version`."""
     b.add(
         f"INSERT INTO {n.meta} (key, value) SELECT 'schema_version', 0 WHERE NOT EXISTS "
-        f"(SELECT 1 FROM {n.meta} WHERE key = 'schema_version' AND value = :v)",
+        f"(SELECT 1 FROM {n.meta} WHERE \"key\" = 'schema_version' AND value = :v)",
         {"v": version},
     )
 
 
 def _set_version(b: _Builder, n: Names, version: int) -> None:
     b.add(
-        f"UPDATE {n.meta} SET value = :v WHERE key = 'schema_version'",
+        f"UPDATE {n.meta} SET value = :v WHERE \"key\" = 'schema_version'",
         {"v": version},
         slot="upgraded",
     )
@@ -413,7 +420,7 @@ def publish(
         # Rows inserted below have seqs above the last one ever given (AUTOINCREMENT).
         b.add(
             f"UPDATE {n.meta} SET value = coalesce((SELECT seq FROM sqlite_sequence "
-            f"WHERE name = '{n.messages}'), 0) WHERE key = 'mark'"
+            f"WHERE name = '{n.messages}'), 0) WHERE \"key\" = 'mark'"
         )
     unseen = (
         f" WHERE {_item(3)} IS NULL OR NOT EXISTS (SELECT 1 FROM {n.dedup} "
@@ -433,14 +440,14 @@ def publish(
         b.add(
             f"INSERT OR REPLACE INTO {n.dedup} (dedup_id, seq, expires_at) "
             f"SELECT dedup_id, seq, :until FROM {n.messages} WHERE seq > "
-            f"(SELECT value FROM {n.meta} WHERE key = 'mark') AND dedup_id IS NOT NULL",
+            f"(SELECT value FROM {n.meta} WHERE \"key\" = 'mark') AND dedup_id IS NOT NULL",
             {"until": dedup_until},
         )
     # Only the items inserted now create or refill their group's row (a duplicate must not
     # bring back a group that has since emptied, nor set a priority).
     inserted_now = (
         f"{_item(3)} IS NULL OR (SELECT seq FROM {n.dedup} WHERE dedup_id = {_item(3)}) > "
-        f"(SELECT value FROM {n.meta} WHERE key = 'mark')"
+        f"(SELECT value FROM {n.meta} WHERE \"key\" = 'mark')"
         if deduplicated
         else "true"
     )
@@ -591,10 +598,16 @@ def round_trip(
     settle: Settle = Settle(),
     claim: Claim | None = None,
     prune: bool = False,
+    returning: bool = False,
 ) -> Batch:
     """Settle, then claim (either may be empty). With `prune`, also forget the rows of groups
-    that emptied more than RETIRE_WINDOW ago (the caller prunes on a fraction of its calls)."""
-    b = _Builder()
+    that emptied more than RETIRE_WINDOW ago (the caller prunes on a fraction of its calls).
+    With `returning`, where the batch can (a claim without a priority floor, at most one
+    settlement), the claim's `UPDATE` returns its leases itself and the batch has no `SELECT`:
+    it is the cheaper batch for rqlite (see `Batch.returning`). Otherwise a `SELECT` reads the
+    leases; that form also serves a resend, which finds the groups its token took."""
+    returning = returning and claim is not None and claim.min_priority == 0 and settle.count <= 1
+    b = _Builder(returning=returning)
     _settle(b, n, settle, now)
     if prune:
         b.add(
@@ -603,7 +616,7 @@ def round_trip(
         )
         b.add(f"DELETE FROM {n.claims} WHERE expires_at < :now", {"now": now})
     if claim is not None:
-        _claim(b, n, claim, now)
+        _claim(b, n, claim, now, returning)
     return b.build()
 
 
@@ -646,7 +659,7 @@ def _settle(b: _Builder, n: Names, s: Settle, now: float) -> None:
             slot="finished",
         )
     if s.expired:
-        b.add(f"UPDATE {n.meta} SET value = value + :k WHERE key = 'expired'", {"k": s.expired})
+        b.add(f"UPDATE {n.meta} SET value = value + :k WHERE \"key\" = 'expired'", {"k": s.expired})
     if s.give_back or s.extend:
         # [g, token, seq, until, parked, keep token]: nack now, park, or extend.
         changes = [[*h.key(), until, int(until > 0), 0] for h, until in s.give_back]
@@ -660,7 +673,7 @@ def _settle(b: _Builder, n: Names, s: Settle, now: float) -> None:
         )
 
 
-def _claim(b: _Builder, n: Names, c: Claim, now: float) -> None:
+def _claim(b: _Builder, n: Names, c: Claim, now: float, returning: bool) -> None:
     """Lease the heads of up to `count` groups: the claimable ones with priority >=
     `min_priority` that were claimed least recently (never-claimed first, then creation
     order). A token claims once: a resend (same token and `until`) takes nothing and returns
@@ -693,26 +706,35 @@ def _claim(b: _Builder, n: Names, c: Claim, now: float) -> None:
         f"UPDATE {n.groups} SET ready = 1, parked = 0 WHERE ready = 0 AND until <= :now",
         {"now": now},
     )
-    b.add(f"UPDATE {n.meta} SET value = value + 1 WHERE key = 'turn'")
+    b.add(f"UPDATE {n.meta} SET value = value + 1 WHERE \"key\" = 'turn'")
+    # No alias for the table, and `"key"` quoted: rqlite keeps a statement's RETURNING rows
+    # only when its own SQL parser accepts the statement, and that parser refuses both
+    # `UPDATE t AS g` and a bare `key` column (a keyword to it).
+    g = n.groups
+    heads = (
+        f"head, group_id, (SELECT event FROM {n.messages} WHERE seq = head), attempts, until, "
+        f"(SELECT expires FROM {n.messages} WHERE seq = head), rowid"
+    )
     b.add(
-        f"{ready}UPDATE {n.groups} AS g SET ready = 0, until = :u, "
-        f"token = :k, attempts = attempts + 1, head = (SELECT min(seq) FROM {n.messages} m "
-        f"WHERE m.group_id = g.group_id), turn = (SELECT value FROM {n.meta} WHERE key = 'turn') "
-        f"WHERE g.rowid IN ({pick}) AND NOT EXISTS (SELECT 1 FROM {n.claims} WHERE token = :k)",
+        f"{ready}UPDATE {g} SET ready = 0, until = :u, token = :k, attempts = attempts + 1, "
+        f"head = (SELECT min(seq) FROM {n.messages} m WHERE m.group_id = {g}.group_id), "
+        f"turn = (SELECT value FROM {n.meta} WHERE \"key\" = 'turn') WHERE rowid IN ({pick}) "
+        f"AND NOT EXISTS (SELECT 1 FROM {n.claims} WHERE token = :k)"
+        + (f" RETURNING {heads}" if returning else ""),
         {**mine, "n": c.count},
+        slot="leased" if returning else None,
     )
     b.add(
         f"INSERT OR IGNORE INTO {n.claims} (token, expires_at) VALUES (:k, :e)",
         {"k": c.token, "e": c.until + RETIRE_WINDOW},
     )
-    # The heads of the groups this claim took (found through the busy index on `until`).
-    b.add(
-        f"SELECT m.seq, m.group_id, m.event, g.attempts, g.until, m.expires "
-        f"FROM {n.groups} g JOIN {n.messages} m ON m.seq = g.head "
-        f"WHERE g.ready = 0 AND g.until = :u AND g.token = :k ORDER BY g.rowid",
-        mine,
-        slot="leased",
-    )
+    if not returning:
+        # The heads of the groups this token holds (found through the busy index on `until`).
+        b.add(
+            f"SELECT {heads} FROM {g} WHERE ready = 0 AND until = :u AND token = :k",
+            mine,
+            slot="leased",
+        )
 
 
 def read_lost(reply: Reply, settle: Settle) -> list[Held]:
@@ -735,6 +757,15 @@ class LeasedRow:
     """When the message itself expires (its ttl), or None."""
 
 
+def returned_nothing(reply: Reply) -> bool:
+    """The claim's `UPDATE ... RETURNING` changed rows but returned none: rqlite only keeps
+    RETURNING rows of statements its own SQL parser accepts."""
+    if not reply.batch.returning or "leased" not in reply:
+        return False
+    leased = reply["leased"]
+    return leased.rows_affected > 0 and not leased.rows
+
+
 def read_leased(reply: Reply) -> list[LeasedRow]:
     if "leased" not in reply:
         return []
@@ -747,7 +778,7 @@ def read_leased(reply: Reply) -> list[LeasedRow]:
             float(r[4]),
             None if r[5] is None else float(r[5]),
         )
-        for r in reply["leased"].rows
+        for r in sorted(reply["leased"].rows, key=lambda row: int(row[6]))  # creation order
     ]
 
 
@@ -1000,7 +1031,7 @@ def stats(n: Names, *, now: float) -> Batch:
         f"(SELECT count(*) FROM {n.dead}), (SELECT min(published_at) FROM {n.messages}), "
         f"(SELECT count(*) FROM {n.groups} WHERE held = 1), "
         f"(SELECT count(*) FROM {n.messages} WHERE due > :now), "
-        f"(SELECT value FROM {n.meta} WHERE key = 'expired')",
+        f"(SELECT value FROM {n.meta} WHERE \"key\" = 'expired')",
         {"now": now},
         slot="counts",
     )

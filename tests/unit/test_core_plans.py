@@ -8,7 +8,15 @@ from typing import Any
 
 import pytest
 
-from rqlite_queue import EncodeError, InvalidArgument, Lease, LeaseLost, TransportClosed, sql
+from rqlite_queue import (
+    EncodeError,
+    InvalidArgument,
+    Lease,
+    LeaseLost,
+    OutcomeUnknown,
+    TransportClosed,
+    sql,
+)
 from rqlite_queue.core import QueueCore
 
 NOW = 1_800_000_000.0
@@ -42,7 +50,7 @@ def lease(seq: int, group: str, token: str = "w:T0") -> Lease:
 
 def test_a_claim_reads_its_leases_and_a_resend_reads_the_same() -> None:
     plan = core().claim("w", 30, 2, 0)
-    rows = [[7, "a", '{"n":7}', 1, NOW + 30, None], [9, "b", '{"n":9}', 2, NOW + 30, None]]
+    rows = [[9, "b", '{"n":9}', 2, NOW + 30, None, 12], [7, "a", '{"n":7}', 1, NOW + 30, None, 3]]
     canned = reply(plan.batch, leased=sql.Result(rows=rows))
     leases = plan.read(canned).leases
     assert [(x.seq, x.group_id, x.event, x.attempts) for x in leases] == [
@@ -50,15 +58,37 @@ def test_a_claim_reads_its_leases_and_a_resend_reads_the_same() -> None:
         (9, "b", {"n": 9}, 2),
     ]
     assert {x.token for x in leases} == {"w:T1"}
-    assert plan.replay is not None and plan.replay(canned).leases == leases
+    assert plan.replay is not None and plan.replay_batch is not None
+    resent = reply(plan.replay_batch, leased=sql.Result(rows=rows))
+    assert plan.replay(resent).leases == leases  # in the groups' creation order, as first
 
 
 def test_a_lease_on_an_expired_message_is_set_apart() -> None:
     plan = core().claim("w", 30, 2, 0)
-    rows = [[7, "a", "1", 1, NOW + 30, NOW - 1], [9, "b", "2", 1, NOW + 30, NOW + 60]]
+    rows = [[7, "a", "1", 1, NOW + 30, NOW - 1, 1], [9, "b", "2", 1, NOW + 30, NOW + 60, 2]]
     result = plan.read(reply(plan.batch, leased=sql.Result(rows=rows)))
     assert [x.seq for x in result.leases] == [9]
     assert [x.seq for x in result.expired] == [7]
+
+
+def test_a_claim_without_a_floor_reads_its_leases_from_returning() -> None:
+    """The cheaper batch for rqlite: no SELECT, so it can go to /db/execute; its resend is
+    the SELECT form, which finds the groups the token took."""
+    plan = core().claim("w", 30, 2, 0)
+    assert plan.batch.returning and plan.replay_batch is not None
+    assert not plan.replay_batch.returning
+    assert not any(s.sql.startswith("SELECT") for s in plan.batch.statements)
+    assert core().claim("w", 30, 2, 1).batch.returning is False  # a floor: a SELECT
+
+
+def test_returning_rows_dropped_by_the_server_send_the_select_form() -> None:
+    """Rows changed, none returned: the server did not keep the RETURNING rows; the claim's
+    outcome is then unknown to the reader, which lets the transport resend the SELECT form."""
+    plan = core().claim("w", 30, 2, 0)
+    dropped = reply(plan.batch, leased=sql.Result(rows_affected=2))
+    with pytest.raises(OutcomeUnknown):
+        plan.read(dropped)
+    assert plan.read(reply(plan.batch, leased=sql.Result())).leases == []  # nothing claimable
 
 
 def test_the_same_sources_make_the_same_batch() -> None:

@@ -150,6 +150,7 @@ class AsyncTransport:
 
     async def _replay(self, plan: Plan[T], read: Callable[[Reply], T], deadline: float) -> T:
         """Send a retry-safe batch again after an unknown outcome, until `deadline`."""
+        batch = plan.replay_batch or plan.batch
         backoff = 0.05
         while True:
             left = deadline - time.monotonic()
@@ -161,7 +162,7 @@ class AsyncTransport:
             await asyncio.sleep(min(backoff * random.uniform(0.5, 1.0), left - MIN_ATTEMPT))
             self.resent += 1
             try:
-                return read(Reply(plan.batch, await self._executor.execute(plan.batch, deadline)))
+                return read(Reply(batch, await self._executor.execute(batch, deadline)))
             except Unavailable as exc:
                 # Whatever this attempt met, the first one may have applied.
                 if time.monotonic() + MIN_ATTEMPT >= deadline:
@@ -225,7 +226,7 @@ class AsyncTransport:
     async def publish_many(self, items: Iterable[PublishItem]) -> list[int]:
         """Publish many messages in one round trip, atomically, in order. Items are
         `(group_id, event)`, `(group_id, event, priority)` or mappings with those keys and
-        optionally `dedup_id`."""
+        optionally `dedup_id`, `delay`, `not_before`, `ttl` (as `publish` takes them)."""
         return await self._run(self._core.publish_many(items))
 
     async def claim_many(

@@ -148,6 +148,7 @@ class Transport:
 
     def _replay(self, plan: Plan[T], read: Callable[[Reply], T], deadline: float) -> T:
         """Send a retry-safe batch again after an unknown outcome, until `deadline`."""
+        batch = plan.replay_batch or plan.batch
         backoff = 0.05
         while True:
             left = deadline - time.monotonic()
@@ -159,7 +160,7 @@ class Transport:
             time.sleep(min(backoff * random.uniform(0.5, 1.0), left - MIN_ATTEMPT))
             self.resent += 1
             try:
-                return read(Reply(plan.batch, self._executor.execute(plan.batch, deadline)))
+                return read(Reply(batch, self._executor.execute(batch, deadline)))
             except Unavailable as exc:
                 # Whatever this attempt met, the first one may have applied.
                 if time.monotonic() + MIN_ATTEMPT >= deadline:
@@ -223,7 +224,7 @@ class Transport:
     def publish_many(self, items: Iterable[PublishItem]) -> list[int]:
         """Publish many messages in one round trip, atomically, in order. Items are
         `(group_id, event)`, `(group_id, event, priority)` or mappings with those keys and
-        optionally `dedup_id`."""
+        optionally `dedup_id`, `delay`, `not_before`, `ttl` (as `publish` takes them)."""
         return self._run(self._core.publish_many(items))
 
     def claim_many(
