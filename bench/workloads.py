@@ -639,14 +639,14 @@ class _Timer:
 
 def _time_ours(t: _Timer, core: QueueCore, i: int, many: int) -> None:
     t.send("floor: UPDATE", WRITE_PATH, json.dumps([[FLOOR_UPDATE, 0]]).encode())
-    leases = t.plan("ours: claim", core.claim("t", VISIBILITY, 1, 0))
+    leases = t.plan("ours: claim", core.claim("t", VISIBILITY, 1, 0)).leases
     plan = core.round(worker_id="t", visibility=VISIBILITY, n=1, ack=leases)
     leases = t.plan("ours: Worker round, ack 1 + claim 1", plan).leases
     t.plan("ours: ack", core.ack(leases))
     if i % 4 == 0:
         t.plan("ours: probe (node-local read)", core.probe(0))
         t.plan("ours: publish_many(100)", core.publish_many(_items(100, i)))
-        batch = t.plan(f"ours: claim_many({many})", core.claim("t", VISIBILITY, many, 0))
+        batch = t.plan(f"ours: claim_many({many})", core.claim("t", VISIBILITY, many, 0)).leases
         plan = core.round(worker_id="t", visibility=VISIBILITY, n=many, ack=batch)
         again = t.plan(f"ours: Worker round, ack {many} + claim {many}", plan).leases
         t.plan(f"ours: ack_many({many})", core.ack(again))
@@ -783,13 +783,14 @@ def prepare_cost(path: str, res: Results, repeats: int = 300) -> None:
         for _ in range(repeats):
             plan = core.claim("w", VISIBILITY, 1, 0)
             conn.execute("BEGIN IMMEDIATE")
-            rows: list[Any] = []
+            leased: list[Any] = []
             for k, st in enumerate(plan.batch.statements):
                 t0 = time.perf_counter()
                 rows = conn.execute(st.sql, st.params).fetchall()
                 times.setdefault(k + 1, []).append(1e3 * (time.perf_counter() - t0))
+                leased += rows
             conn.execute("ROLLBACK")
-            if not rows:
+            if not leased:  # from the claim's RETURNING, or its SELECT
                 raise RuntimeError("the claim found nothing")
         for k, values in times.items():
             kind = "compiled once" if cached else "compiled every call"
