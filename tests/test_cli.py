@@ -21,7 +21,7 @@ from typing import IO, Any
 import httpx
 import pytest
 
-from rqlite_queue import Transport
+from rqlite_queue import LeaseLost, Transport
 from rqlite_queue.cluster import Cluster, free_port
 from rqlite_queue.sql import Batch, Statement
 
@@ -47,6 +47,11 @@ COMMANDS = [
     ["group"],
     ["group", "hold"],
     ["group", "release"],
+    ["group", "cancel"],
+    ["group", "priority"],
+    ["groups"],
+    ["pause"],
+    ["resume"],
     ["schedule"],
     ["schedule", "add"],
     ["schedule", "list"],
@@ -523,6 +528,47 @@ def test_hold_and_release_a_group(sqlite_target: Target) -> None:
     with sqlite_target.transport() as queue:
         lease = queue.claim("w", 30)
         assert lease is not None and lease.event == "ship"
+
+
+def test_groups_cancel_priority_pause_resume(target: Target) -> None:
+    with target.transport() as queue:
+        queue.publish_many([("order-1", "a"), ("order-1", "b"), ("order-2", "c"), ("x", "d")])
+        lease = queue.claim("worker-9", 30)
+    listed = run(*target.args, "groups", "--prefix", "order-")
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    assert lines[0] == "2 groups"
+    assert any("order-1" in line and "leased" in line and "worker-9" in line for line in lines)
+    as_json = [
+        json.loads(line) for line in run(*target.args, "groups", "--json").stdout.splitlines()
+    ]
+    assert [(g["group_id"], g["state"], g["depth"]) for g in as_json] == [
+        ("order-1", "leased", 2),
+        ("order-2", "ready", 1),
+        ("x", "ready", 1),
+    ]
+    paged = run(*target.args, "groups", "--limit", "2")
+    assert "more after: --after 'order-2'" in paged.stdout
+    assert "x" in run(*target.args, "groups", "--after", "order-2").stdout
+
+    refused = run(*target.args, "group", "cancel", "order-1")  # stdin is not a terminal
+    assert refused.returncode == 2 and "--yes" in refused.stderr
+    cancelled = run(*target.args, "group", "cancel", "order-1", "--reason", "refunded", "-y")
+    assert "cancelled order-1: 2 messages dead-lettered" in cancelled.stdout
+    assert run(*target.args, "group", "priority", "order-2", "4").returncode == 0
+    missing = run(*target.args, "group", "priority", "order-1", "4")
+    assert missing.returncode == 1 and "has no messages" in one_error_line(missing)
+    assert "paused" in run(*target.args, "pause").stdout
+    assert "paused ('rqlite-queue resume')" in run(*target.args, "stats").stdout
+    with target.transport() as queue:
+        assert queue.claim("w", 30) is None and queue.stats().paused
+        assert [d.reason for d in queue.dead_letters()] == ["refunded", "refunded"]
+        with pytest.raises(LeaseLost):
+            queue.ack(lease)
+    assert "resumed" in run(*target.args, "resume").stdout
+    with target.transport() as queue:
+        first = queue.claim("w", 30, min_priority=4)
+        assert first is not None and first.group_id == "order-2"
 
 
 def test_worker_serves_prometheus_metrics(

@@ -27,10 +27,12 @@ BACKLOG = 20_000
 # batch binds (its own items: "SCAN j VIRTUAL TABLE", or rows made of them: "SCAN x"), of
 # SQLite's `sqlite_sequence` (one row per queue in the database: a publish reads its last seq
 # there), and the walk of the all-ready index in its own order under a LIMIT (claim without a
-# priority floor), which stops after `count` rows (`test_claim_cost_is_flat` measures that).
+# priority floor), which stops after `count` rows (`test_claim_cost_is_flat` measures that),
+# and the walk of the groups' primary key in its own order under a LIMIT (a page of `groups()`).
 FULL_SCAN = re.compile(
     r"^SCAN (?!\(|CONSTANT ROW|\w VIRTUAL TABLE|x$|sqlite_sequence$"
-    r"|rq_\w+_groups USING INDEX rq_\w+_groups_ready$)"
+    r"|rq_\w+_groups USING INDEX rq_\w+_groups_ready$"
+    r"|g USING INDEX sqlite_autoindex_rq_\w+_groups_1$)"
 )
 NO_SETTLE = sql.Settle()
 
@@ -84,6 +86,13 @@ def hot_batches(n: sql.Names) -> dict[str, sql.Batch]:
         "requeue_dead": sql.requeue_dead(n, [1, 2], now=1.0),
         "purge_dead": sql.purge_dead(n, [1, 2]),
         "peek": sql.peek(n, "g5", limit=10),
+        "groups": sql.list_groups(n, now=5.0, limit=100),
+        "groups after, with a prefix": sql.list_groups(
+            n, now=5.0, limit=100, after="g1", prefix=("g1", "g2")
+        ),
+        "cancel_group": sql.cancel_group(n, "g5", "why", now=1.0),
+        "set_priority": sql.set_priority(n, "g5", 3),
+        "pause": sql.set_paused(n, True),
     }
 
 

@@ -25,7 +25,7 @@ from .errors import (
     TransportClosed,
     Unavailable,
 )
-from .lease import DeadLetter, Lease, Schedule, Stats
+from .lease import DeadLetter, GroupInfo, Lease, Schedule, Stats
 from .worker_policy import Backoff, Park
 
 __all__ = [
@@ -41,6 +41,7 @@ __all__ = [
     "DeadLetter",
     "DecodeError",
     "EncodeError",
+    "GroupInfo",
     "InvalidArgument",
     "JsonCodec",
     "Lease",

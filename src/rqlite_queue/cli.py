@@ -123,12 +123,17 @@ def _stats_table(stats: Stats) -> Table:
     table.add_row("groups", str(stats.groups))
     table.add_row("in flight (leased)", str(stats.in_flight))
     table.add_row("parked", str(stats.parked))
+    table.add_row("held", str(stats.held))
+    table.add_row("delayed", str(stats.delayed))
     table.add_row("dead letters", str(stats.dead))
+    table.add_row("expired", str(stats.expired))
     table.add_row(
         "oldest message", "-" if stats.oldest_age is None else _duration(stats.oldest_age)
     )
     for priority in range(5):
         table.add_row(f"priority {priority}", str(stats.by_priority.get(priority, 0)))
+    if stats.paused:
+        table.add_row("claims", "[bold red]paused[/] ('rqlite-queue resume')")
     return table
 
 
@@ -631,9 +636,89 @@ async def _run_async_worker(
 # ------------------------------------------------------------------------------ groups
 
 
+_STATES = click.Choice(["ready", "leased", "parked", "delayed", "held"])
+
+
+@cli.command("groups")
+@click.option("--state", type=_STATES, help="Only groups in this state.")
+@click.option("--prefix", help="Only groups whose id starts with this.")
+@click.option(
+    "--min-priority", type=click.IntRange(0, 4), default=0, help="Only from this priority."
+)
+@click.option(
+    "--limit", type=click.IntRange(min=1), default=50, show_default=True, help="At most this many."
+)
+@click.option("--after", metavar="GROUP", help="Start after this group id (the next page).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON lines instead of a table.")
+@click.pass_obj
+def groups_command(
+    config: Config,
+    state: str | None,
+    prefix: str | None,
+    min_priority: int,
+    limit: int,
+    after: str | None,
+    as_json: bool,
+) -> int:
+    """List groups (with messages, or held) in id order: state, depth, head, lease."""
+    with config.transport() as queue:
+        infos = queue.groups(
+            state=state, prefix=prefix, min_priority=min_priority, limit=limit, after=after
+        )
+    if as_json:
+        for info in infos:
+            click.echo(_json(dataclasses.asdict(info)))
+        return 0
+    if not infos:
+        click.echo("no groups")
+        return 0
+    table = Table()
+    for column in ("group", "prio", "state", "depth", "head", "tries", "until", "holder", "age"):
+        table.add_column(
+            column, justify="left" if column in ("group", "state", "holder") else "right"
+        )
+    for info in infos:
+        table.add_row(
+            info.group_id,
+            str(info.priority),
+            info.state,
+            str(info.depth),
+            "" if info.head_seq is None else str(info.head_seq),
+            str(info.attempts),
+            "" if info.until is None else _when(info.until),
+            info.holder or "",
+            "" if info.head_age is None else _duration(info.head_age),
+        )
+    title = f"{len(infos)} groups"
+    if len(infos) == limit:
+        title += f" (more after: --after {infos[-1].group_id!r})"
+    _stdout().print(title, table, sep="\n")
+    return 0
+
+
+@cli.command()
+@click.pass_obj
+def pause(config: Config) -> int:
+    """Pause the queue: claims take nothing (publishes go on) until 'resume'."""
+    with config.transport() as queue:
+        queue.pause()
+    _stdout().print(f"queue {config.queue!r} paused")
+    return 0
+
+
+@cli.command()
+@click.pass_obj
+def resume(config: Config) -> int:
+    """Resume a paused queue."""
+    with config.transport() as queue:
+        queue.resume()
+    _stdout().print(f"queue {config.queue!r} resumed")
+    return 0
+
+
 @cli.group()
 def group() -> None:
-    """One group: hold it (no claim takes it) or release it."""
+    """One group: hold, release, cancel, or change its priority."""
 
 
 @group.command()
@@ -655,6 +740,38 @@ def release(config: Config, group_id: str) -> int:
     with config.transport() as queue:
         released = queue.release_group(group_id)
     _stdout().print(f"released {group_id}" if released else f"{group_id} was not held")
+    return 0
+
+
+@group.command()
+@click.argument("group_id", metavar="GROUP")
+@click.option("--reason", default="cancelled", show_default=True, help="The dead letters' reason.")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@click.pass_obj
+def cancel(config: Config, group_id: str, reason: str, yes: bool) -> int:
+    """Move every message of GROUP to the dead letters (a lease in flight on it is fenced)."""
+    if not yes:
+        if not sys.stdin.isatty():
+            raise click.UsageError("cancel dead-letters the whole group: pass --yes to confirm")
+        click.confirm(f"Dead-letter every message of group {group_id!r}?", abort=True)
+    with config.transport() as queue:
+        count = queue.cancel_group(group_id, reason)
+    _stdout().print(f"cancelled {group_id}: {count} messages dead-lettered")
+    return 0
+
+
+@group.command()
+@click.argument("group_id", metavar="GROUP")
+@click.argument("priority", type=click.IntRange(0, 4))
+@click.pass_obj
+def priority(config: Config, group_id: str, priority: int) -> int:
+    """Set GROUP's priority (0-4) while it has messages."""
+    with config.transport() as queue:
+        changed = queue.set_priority(group_id, priority)
+    if not changed:
+        _error(f"group {group_id!r} has no messages: its next publish sets its priority")
+        return 1
+    _stdout().print(f"{group_id}: priority {priority}")
     return 0
 
 

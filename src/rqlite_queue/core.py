@@ -37,7 +37,7 @@ from .errors import (
     SchemaError,
     TransportClosed,
 )
-from .lease import DeadLetter, Lease, Schedule, Stats
+from .lease import DeadLetter, GroupInfo, Lease, Schedule, Stats
 
 T = TypeVar("T")
 
@@ -462,6 +462,73 @@ class QueueCore:
 
         return Plan(sql.release(self.names, group_id), read, lambda reply: True)
 
+    def groups(
+        self,
+        *,
+        state: str | None,
+        prefix: str | None,
+        min_priority: int,
+        limit: int,
+        after: str | None,
+    ) -> Plan[list[GroupInfo]]:
+        if state is not None and state not in sql.GROUP_STATES:
+            raise InvalidArgument(f"state must be one of {', '.join(sql.GROUP_STATES)} or None")
+        if prefix is not None:
+            check_id(prefix, "prefix")
+        if after is not None:
+            check_id(after, "after")
+        check_int(min_priority, "min_priority", 0, sql.MAX_PRIORITY)
+        check_int(limit, "limit", 1, MAX_BATCH)
+        now = self._now()
+        batch = sql.list_groups(
+            self.names,
+            now=now,
+            limit=limit,
+            after=after,
+            prefix=None if prefix is None else (prefix, _prefix_end(prefix)),
+            state=state,
+            min_priority=min_priority,
+        )
+
+        def read(reply: sql.Reply) -> list[GroupInfo]:
+            return [
+                GroupInfo(
+                    group_id=str(r[0]),
+                    priority=int(r[1]),
+                    state=str(r[2]),
+                    depth=int(r[3]),
+                    head_seq=None if r[4] is None else int(r[4]),
+                    attempts=int(r[5]),
+                    until=None if r[6] is None else float(r[6]),
+                    holder=None if r[7] is None else str(r[7]).rpartition(":")[0],
+                    head_age=None if r[8] is None else max(0.0, now - float(r[8])),
+                )
+                for r in reply["groups"].rows
+            ]
+
+        return Plan(batch, read)
+
+    def cancel_group(self, group_id: str, reason: str) -> Plan[int]:
+        check_id(group_id, "group_id")
+        reason = _reason(reason)
+        batch = sql.cancel_group(self.names, group_id, reason, now=self._now())
+        # Not resent: a second application would also cancel what was published since.
+        return Plan(batch, lambda reply: reply["cancelled"].rows_affected)
+
+    def set_priority(self, group_id: str, priority: int) -> Plan[bool]:
+        check_id(group_id, "group_id")
+        check_int(priority, "priority", 0, sql.MAX_PRIORITY)
+        self._now()
+
+        def read(reply: sql.Reply) -> bool:
+            return reply["changed"].rows_affected == 1
+
+        return Plan(sql.set_priority(self.names, group_id, priority), read, read)
+
+    def set_paused(self, paused: bool) -> Plan[None]:
+        self._now()
+        return Plan(sql.set_paused(self.names, paused), _nothing, _nothing)
+
     # ------------------------------------------------------------------ schedules
 
     def schedule(
@@ -581,9 +648,8 @@ class QueueCore:
         now = self._now()
 
         def read(reply: sql.Reply) -> Stats:
-            depth, groups, in_flight, parked, dead, oldest, held, delayed, expired = reply[
-                "counts"
-            ].rows[0]
+            depth, groups, in_flight, parked, dead, oldest, held, delayed = reply["counts"].rows[0]
+            expired, paused, last_seq = reply["counters"].rows[0]
             return Stats(
                 depth=int(depth),
                 groups=int(groups),
@@ -595,6 +661,8 @@ class QueueCore:
                 held=int(held),
                 delayed=int(delayed),
                 expired=int(expired or 0),
+                paused=bool(paused),
+                last_seq=int(last_seq or 0),
             )
 
         return Plan(sql.stats(self.names, now=now), read)
@@ -682,6 +750,19 @@ def _check_seqs(seqs: Sequence[int] | None) -> list[int] | None:
     return seqs
 
 
+def _prefix_end(prefix: str) -> str | None:
+    """The least text above every text that starts with `prefix` (SQLite compares text as
+    UTF-8 bytes, i.e. by code point): its last code point raised by one (None: no bound)."""
+    while prefix:
+        last = ord(prefix[-1]) + 1
+        if last == 0xD800:
+            last = 0xE000  # surrogates are not text
+        if last <= 0x10FFFF:
+            return prefix[:-1] + chr(last)
+        prefix = prefix[:-1]
+    return None
+
+
 def _reason(reason: object) -> str:
     if not isinstance(reason, str):
         raise InvalidArgument(f"reason must be a string, got {show(reason)}")
@@ -748,7 +829,8 @@ def _lost_message(leases: Sequence[Lease], call: str) -> str:
         which += f" and {len(leases) - 10} more"
     return (
         f"{call}: lease no longer holds its group ({which}): it lapsed and was claimed by "
-        f"another worker, or was already acked, nacked or dead-lettered"
+        f"another worker, or was already acked, nacked or dead-lettered, or its group was "
+        f"cancelled"
     )
 
 

@@ -31,7 +31,8 @@ class DecodeError(QueueError):
 
 class LeaseLost(QueueError):
     """The lease no longer holds its group (it lapsed and another worker claimed the group,
-    or it was already acked, nacked or dead-lettered): nothing was changed."""
+    or it was already acked, nacked or dead-lettered, or an operator cancelled its group):
+    nothing was changed."""
 
     def __init__(self, message: str, leases: Sequence[Lease] = ()) -> None:
         super().__init__(message)

@@ -58,6 +58,34 @@ class Stats:
     expired: int = 0
     """Messages that expired (their `ttl` passed before they were delivered) and were moved to
     the dead letters, since the queue was created."""
+    paused: bool = False
+    """An operator paused the queue's claims (`pause()`; publishes go on)."""
+    last_seq: int = 0
+    """The last seq given: how many messages were ever published to the queue (a requeued
+    dead letter counts again). Its growth against the depth's is the flow through the queue."""
+
+
+@dataclass(frozen=True, slots=True)
+class GroupInfo:
+    """One group, as `groups()` lists it for operators."""
+
+    group_id: str
+    priority: int
+    state: str
+    """`ready` (claimable, or its lease or park is over), `leased`, `parked` (by a nack with a
+    delay), `delayed` (its head is a delayed message not due yet) or `held` (by
+    `hold_group`, or a dead letter with `hold_group_on_dead_letter`)."""
+    depth: int
+    """Messages in the group, its head included."""
+    head_seq: int | None
+    attempts: int
+    """Claims of the current head so far."""
+    until: float | None
+    """When the lease, park or delay in force ends (None: none in force)."""
+    holder: str | None
+    """The worker id of the lease in force (None: not leased)."""
+    head_age: float | None
+    """Seconds since the head was published (None: no message)."""
 
 
 @dataclass(frozen=True, slots=True)

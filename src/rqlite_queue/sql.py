@@ -37,7 +37,9 @@ Tables, per queue (`rq_<queue>_` prefix):
   the round-robin key).
 - `dead`: dead-lettered messages.
 - `dedup`: publish ids seen within the dedup window.
-- `claims`: the tokens of recent claims (a claim applies at most once, however late).
+- `claims`: the tokens of recent claims (a claim applies at most once, however late); and,
+  while an operator has paused the queue, a row with the empty token (a real token is never
+  empty), which every claim finds with the lookup of its own token.
 - `schedules`: periodic jobs: what to publish, how often, and when next.
 """
 
@@ -51,6 +53,8 @@ from typing import Any
 
 SCHEMA_VERSION = 2
 RETIRE_WINDOW = 300.0
+PAUSED_UNTIL = 1e15
+"""The expiry of the pause row of `claims`: never (a claim token's expiry is a time)."""
 MAX_PRIORITY = 4
 QUEUE_NAME = re.compile(r"[a-z0-9_]{1,40}")
 
@@ -719,7 +723,7 @@ def _claim(b: _Builder, n: Names, c: Claim, now: float, returning: bool) -> None
         f"{ready}UPDATE {g} SET ready = 0, until = :u, token = :k, attempts = attempts + 1, "
         f"head = (SELECT min(seq) FROM {n.messages} m WHERE m.group_id = {g}.group_id), "
         f"turn = (SELECT value FROM {n.meta} WHERE \"key\" = 'turn') WHERE rowid IN ({pick}) "
-        f"AND NOT EXISTS (SELECT 1 FROM {n.claims} WHERE token = :k)"
+        f"AND NOT EXISTS (SELECT 1 FROM {n.claims} WHERE token IN (:k, ''))"
         + (f" RETURNING {heads}" if returning else ""),
         {**mine, "n": c.count},
         slot="leased" if returning else None,
@@ -798,7 +802,8 @@ def probe(n: Names, *, min_priority: int) -> Batch:
     )
     b = _Builder(write=False, local=True)
     b.add(
-        f"SELECT {first} IS NOT NULL, (SELECT min(until) FROM {n.groups} WHERE ready = 0), "
+        f"SELECT {first} IS NOT NULL AND NOT {_paused(n)}, "
+        f"(SELECT min(until) FROM {n.groups} WHERE ready = 0), "
         f"(SELECT min(next_at) FROM {n.schedules})",
         {"p": min_priority} if min_priority else {},
         slot="probe",
@@ -839,6 +844,118 @@ def release(n: Names, group_id: str) -> Batch:
         slot="released",
     )
     return b.build()
+
+
+GROUP_STATES = ("ready", "leased", "parked", "delayed", "held")
+
+# A group's state for operators: `held` first (whatever else holds), then its lease, park or
+# delayed head while not over (a lapsed one is `ready`: the next claim takes it).
+_GROUP_STATE = (
+    "CASE WHEN g.held = 1 THEN 'held' WHEN g.ready = 1 OR g.until <= :now THEN 'ready' "
+    "WHEN g.parked = 1 THEN 'parked' WHEN g.parked = 2 THEN 'delayed' ELSE 'leased' END"
+)
+
+
+def list_groups(
+    n: Names,
+    *,
+    now: float,
+    limit: int,
+    after: str | None = None,
+    prefix: tuple[str, str | None] | None = None,
+    state: str | None = None,
+    min_priority: int = 0,
+) -> Batch:
+    """A page of the groups that have messages (or are held), in group id order from after
+    `after` (keyset pagination: a walk of the primary key, which a prefix bounds as the range
+    [prefix[0], prefix[1]); `state` and `min_priority` filter the rows walked). Per group: its
+    depth and its head, from the group's range of the messages index."""
+    where = ["(g.ready != 2 OR g.held = 1)"]
+    params: dict[str, Any] = {"now": now, "limit": limit}
+    if after is not None:
+        where.append(f"g.group_id > {_TEXT.format(name='after')}")
+        params["after"] = _json(after)
+    if prefix is not None:
+        where.append(f"g.group_id >= {_TEXT.format(name='lo')}")
+        params["lo"] = _json(prefix[0])
+        if prefix[1] is not None:
+            where.append(f"g.group_id < {_TEXT.format(name='hi')}")
+            params["hi"] = _json(prefix[1])
+    if min_priority:
+        where.append("g.priority >= :p")
+        params["p"] = min_priority
+    if state is not None:
+        where.append(f"{_GROUP_STATE} = :state")
+        params["state"] = state
+    b = _Builder(write=False)
+    b.add(
+        f"SELECT g.group_id, g.priority, {_GROUP_STATE}, (SELECT count(*) FROM {n.messages} m "
+        f"WHERE m.group_id = g.group_id), h.seq, g.attempts, "
+        f"CASE WHEN g.ready = 0 AND g.until > :now THEN g.until END, "
+        f"CASE WHEN g.ready = 0 AND g.parked = 0 AND g.until > :now THEN g.token END, "
+        f"h.published_at FROM {n.groups} g LEFT JOIN {n.messages} h ON h.seq = "
+        f"(SELECT min(seq) FROM {n.messages} m WHERE m.group_id = g.group_id) "
+        f"WHERE {' AND '.join(where)} ORDER BY g.group_id LIMIT :limit",
+        params,
+        slot="groups",
+    )
+    return b.build()
+
+
+def cancel_group(n: Names, group_id: str, reason: str, *, now: float) -> Batch:
+    """Move every message of a group to the dead letters, with `reason`, in publish order,
+    and fence the lease in flight on it (its token goes: the lease's ack finds it lost). The
+    group's row becomes an empty one (a hold stays)."""
+    g = {"g": _json(group_id)}
+    b = _Builder()
+    b.add(
+        f"INSERT INTO {n.dead} (seq, group_id, event, priority, attempts, reason, "
+        f"published_at, dead_at) SELECT m.seq, m.group_id, m.event, g.priority, "
+        f"CASE WHEN m.seq = g.head THEN g.attempts ELSE 0 END, :reason, m.published_at, :now "
+        f"FROM {n.messages} m JOIN {n.groups} g ON g.group_id = m.group_id "
+        f"WHERE m.group_id = {_TEXT.format(name='g')} ORDER BY m.seq",
+        {**g, "reason": reason, "now": now},
+        slot="cancelled",
+    )
+    b.add(f"DELETE FROM {n.messages} WHERE group_id = {_TEXT.format(name='g')}", g)
+    b.add(
+        f"UPDATE {n.groups} SET ready = 2, until = :retire, parked = 0, attempts = 0, "
+        f"token = NULL, head = NULL WHERE group_id = {_TEXT.format(name='g')} AND ready != 2",
+        {**g, "retire": now + RETIRE_WINDOW},
+    )
+    return b.build()
+
+
+def set_priority(n: Names, group_id: str, priority: int) -> Batch:
+    """Change the priority of a group that has messages (an empty group's next publish sets
+    its priority afresh)."""
+    b = _Builder()
+    b.add(
+        f"UPDATE {n.groups} SET priority = :p WHERE group_id = {_TEXT.format(name='g')} "
+        f"AND ready != 2",
+        {"g": _json(group_id), "p": priority},
+        slot="changed",
+    )
+    return b.build()
+
+
+def set_paused(n: Names, paused: bool) -> Batch:
+    """Pause (or resume) every claim of the queue: the row of the empty token in `claims`
+    (never pruned: it expires at `PAUSED_UNTIL`) makes a claim's `UPDATE` take nothing and the
+    probe find nothing claimable."""
+    b = _Builder()
+    if paused:
+        b.add(
+            f"INSERT OR IGNORE INTO {n.claims} (token, expires_at) VALUES ('', :e)",
+            {"e": PAUSED_UNTIL},
+        )
+    else:
+        b.add(f"DELETE FROM {n.claims} WHERE token = ''")
+    return b.build()
+
+
+def _paused(n: Names) -> str:
+    return f"EXISTS (SELECT 1 FROM {n.claims} WHERE token = '')"
 
 
 def _seq_filter(seqs: Sequence[int] | None) -> tuple[str, dict[str, Any]]:
@@ -1030,10 +1147,15 @@ def stats(n: Names, *, now: float) -> Batch:
         f"(SELECT count(*) FROM {n.groups} WHERE ready = 0 AND parked = 1 AND until > :now), "
         f"(SELECT count(*) FROM {n.dead}), (SELECT min(published_at) FROM {n.messages}), "
         f"(SELECT count(*) FROM {n.groups} WHERE held = 1), "
-        f"(SELECT count(*) FROM {n.messages} WHERE due > :now), "
-        f"(SELECT value FROM {n.meta} WHERE \"key\" = 'expired')",
+        f"(SELECT count(*) FROM {n.messages} WHERE due > :now)",
         {"now": now},
         slot="counts",
+    )
+    # Short statements (see the top): the counters apart.
+    b.add(
+        f"SELECT (SELECT value FROM {n.meta} WHERE \"key\" = 'expired'), {_paused(n)}, "
+        f"(SELECT seq FROM sqlite_sequence WHERE name = '{n.messages}')",
+        slot="counters",
     )
     b.add(
         f"SELECT g.priority, count(*) FROM {n.messages} m JOIN {n.groups} g "

@@ -111,6 +111,7 @@ async def snapshot(q: Any) -> tuple[Any, ...]:
         await q.stats(),
         await q.probe(),
         await q.dead_letters(),
+        await q.groups(),
         *[await q.peek(group) for group in GROUPS],
     )
 
@@ -732,6 +733,25 @@ HOSTILE = [
         Arg("release_group(group_id)", NOT_AN_ID, lambda q, w, v: q.release_group(v)),
     ),
     row(
+        "groups",
+        Arg(
+            "state",
+            {**NOT_A_DEDUP_ID, "unknown": "stuck", "upper": "READY"},
+            lambda q, w, v: q.groups(state=v),
+        ),
+        Arg("prefix", NOT_A_DEDUP_ID, lambda q, w, v: q.groups(prefix=v)),
+        Arg("after", NOT_A_DEDUP_ID, lambda q, w, v: q.groups(after=v)),
+        Arg("min_priority", ints_outside(0, 4), lambda q, w, v: q.groups(min_priority=v)),
+        Arg("limit", ints_outside(1, MAX_BATCH), lambda q, w, v: q.groups(limit=v)),
+    ),
+    row(
+        "cancel_group, set_priority",
+        Arg("cancel_group(group_id)", NOT_AN_ID, lambda q, w, v: q.cancel_group(v, "r")),
+        Arg("cancel_group(reason)", NOT_A_REASON, lambda q, w, v: q.cancel_group("b", v)),
+        Arg("set_priority(group_id)", NOT_AN_ID, lambda q, w, v: q.set_priority(v, 1)),
+        Arg("set_priority(priority)", ints_outside(0, 4), lambda q, w, v: q.set_priority("b", v)),
+    ),
+    row(
         "dead_letters",
         Arg("limit", ints_outside(1, MAX_BATCH), lambda q, w, v: q.dead_letters(v)),
         # None is allowed for group_id here too (all groups)
@@ -845,6 +865,11 @@ CALLS: dict[str, Callable[[Any, World], Awaitable[Any]]] = {
     "probe": lambda q, w: q.probe(),
     "hold_group": lambda q, w: q.hold_group("b"),
     "release_group": lambda q, w: q.release_group("b"),
+    "groups": lambda q, w: q.groups(),
+    "cancel_group": lambda q, w: q.cancel_group("b", "why"),
+    "set_priority": lambda q, w: q.set_priority("b", 2),
+    "pause": lambda q, w: q.pause(),
+    "resume": lambda q, w: q.resume(),
     "dead_letters": lambda q, w: q.dead_letters(),
     "requeue_dead": lambda q, w: q.requeue_dead(),
     "purge_dead": lambda q, w: q.purge_dead([w.dead_seq]),

@@ -125,6 +125,8 @@ class Model:
         # emptied group -> (turn, creation order, expires_at)
         self.retired: dict[str, tuple[int, int, float]] = {}
         self.held: set[str] = set()
+        self.paused = False
+        self.last_seq = 0
         self.expired = 0
         # name -> [group, event, priority, every, catch_up, next_at]
         self.schedules: dict[str, list[Any]] = {}
@@ -158,7 +160,7 @@ class Model:
             if dedup_id in self.dedup:
                 note_event("a dedup id repeats within the window")
                 return self.dedup[dedup_id][0]
-        seq = next(self._seq)
+        seq = self.last_seq = next(self._seq)
         if group_id not in self.groups:
             turn, created, expires_at = self.retired.get(group_id, (0, 0, 0.0))
             if expires_at >= self.now or group_id in self.held:
@@ -196,7 +198,8 @@ class Model:
         eligible = [
             (gid, g)
             for gid, g in self.groups.items()
-            if g.messages
+            if not self.paused
+            and g.messages
             and not self.busy(g)
             and g.priority >= min_priority
             and gid not in self.held
@@ -253,6 +256,47 @@ class Model:
                 # A group with no kept place gets one now: never claimed, last created.
                 self.retired[group_id] = (0, next(self._created), float("-inf"))
         self.held.add(group_id)
+
+    def cancel(self, group_id: str) -> int:
+        """Every message of the group goes to the dead letters (the head with its attempts);
+        the group empties (its place kept for RETIRE_WINDOW), so its lease no longer holds."""
+        g = self.groups.pop(group_id, None)
+        if g is None:
+            return 0
+        for i, message in enumerate(g.messages):
+            attempts = g.attempts if i == 0 else 0
+            self.dead.append((message.seq, group_id, message.event, g.priority, attempts))
+        self.retired[group_id] = (g.turn, g.created, self.now + RETIRE_WINDOW)
+        return len(g.messages)
+
+    def set_priority(self, group_id: str, priority: int) -> bool:
+        if group_id not in self.groups:
+            return False
+        self.groups[group_id].priority = priority
+        return True
+
+    def listing(self) -> list[tuple[Any, ...]]:
+        """What `groups()` lists: (id, priority, state, depth, head seq, attempts, until,
+        holder) of every group with messages, in id order (held ones without: id and state)."""
+        rows: list[tuple[Any, ...]] = []
+        for gid in sorted(set(self.groups) | self.held):
+            g = self.groups.get(gid)
+            if g is None:
+                rows.append((gid, "held", 0))
+                continue
+            head = g.messages[0]
+            if self.busy(g):
+                state, until = g.state, g.until
+            elif head.due > self.now:
+                state, until = "delayed", head.due
+            else:
+                state, until = "ready", None
+            holder = "w" if state == "leased" else None
+            state = "held" if gid in self.held else state
+            rows.append(
+                (gid, g.priority, state, len(g.messages), head.seq, g.attempts, until, holder)
+            )
+        return rows
 
     def schedule(
         self, name: str, group_id: str, event: Any, priority: int, every: float, catch_up: bool
@@ -509,6 +553,54 @@ class QueueMachine(RuleBasedStateMachine):
     def release(self, group_id: str) -> None:
         assert self.q.release_group(group_id) == self.model.release(group_id)
 
+    @rule(group_id=groups)
+    def cancel_group(self, group_id: str) -> None:
+        cancelled = self.q.cancel_group(group_id, "cancelled")
+        assert cancelled == self.model.cancel(group_id)
+        if cancelled:
+            note_event("a group is cancelled")
+        # The model's dead letters carry no reason: the kinds are checked in the contract suite.
+        dead = self.q.dead_letters(1000)
+        assert [(d.seq, d.group_id, d.event, d.priority, d.attempts) for d in dead] == sorted(
+            self.model.dead
+        )
+
+    @rule(group_id=groups, priority=priorities)
+    def set_priority(self, group_id: str, priority: int) -> None:
+        assert self.q.set_priority(group_id, priority) == self.model.set_priority(
+            group_id, priority
+        )
+
+    @rule(paused=st.booleans())
+    def pause_or_resume(self, paused: bool) -> None:
+        if paused:
+            self.q.pause()
+        else:
+            self.q.resume()
+        self.model.paused = paused
+
+    @invariant()
+    def groups_listed_match_the_model(self) -> None:
+        listed = []
+        for info in self.q.groups(limit=100):
+            if info.depth == 0:
+                assert info.head_seq is None and info.head_age is None
+                listed.append((info.group_id, info.state, info.depth))
+                continue
+            listed.append(
+                (
+                    info.group_id,
+                    info.priority,
+                    info.state,
+                    info.depth,
+                    info.head_seq,
+                    info.attempts,
+                    info.until,
+                    info.holder,
+                )
+            )
+        assert listed == self.model.listing()
+
     # ------------------------------------------------------------------------ time, reads
 
     @rule(seconds=advances)
@@ -542,6 +634,8 @@ class QueueMachine(RuleBasedStateMachine):
             stats.held,
             stats.delayed,
             stats.expired,
+            stats.paused,
+            stats.last_seq,
         ) == (
             sum(len(g.messages) for g in live),
             len(live),
@@ -551,6 +645,8 @@ class QueueMachine(RuleBasedStateMachine):
             len(m.held),
             sum(msg.due > m.now for g in live for msg in g.messages),
             m.expired,
+            m.paused,
+            m.last_seq,
         )
         assert stats.by_priority == by_priority
         oldest = min((m.published_at for g in live for m in g.messages), default=None)

@@ -24,7 +24,7 @@ from ..core import (
 )
 from ..errors import BackendError, InvalidArgument, OutcomeUnknown, Unavailable
 from ..http_sync import Urllib3Client
-from ..lease import DeadLetter, Lease, Schedule, Stats
+from ..lease import DeadLetter, GroupInfo, Lease, Schedule, Stats
 from ..rqlite_http import MIN_ATTEMPT, parse_endpoints, redact
 from ..sql import Batch, Reply, Result
 from ..sqlite_backend import SqliteExecutor
@@ -373,6 +373,46 @@ class Transport:
     def release_group(self, group_id: str) -> bool:
         """Undo `hold_group`; False if the group was not held."""
         return self._run(self._core.release(group_id))
+
+    def groups(
+        self,
+        *,
+        state: str | None = None,
+        prefix: str | None = None,
+        min_priority: int = 0,
+        limit: int = 100,
+        after: str | None = None,
+    ) -> list[GroupInfo]:
+        """A page of the groups that have messages (and the held ones), in group id order:
+        pass the last id of a page as `after` for the next one. Filters: `state` (see
+        `GroupInfo.state`), a group id `prefix`, `min_priority`."""
+        return self._run(
+            self._core.groups(
+                state=state, prefix=prefix, min_priority=min_priority, limit=limit, after=after
+            )
+        )
+
+    def cancel_group(self, group_id: str, reason: str) -> int:
+        """Move every message of the group to the dead letters with `reason`, in one
+        transaction, and return how many. A lease in flight on it is fenced: its ack, nack or
+        extend raises `LeaseLost`. Messages published after this call are not touched. Not
+        resent after a lost reply (that could cancel newer messages): `OutcomeUnknown`."""
+        return self._run(self._core.cancel_group(group_id, reason))
+
+    def set_priority(self, group_id: str, priority: int) -> bool:
+        """Change the priority (0-4) of a group that has messages; False if it has none (its
+        next publish sets its priority). Publishing to a group that has messages keeps its
+        priority, whatever the publish says."""
+        return self._run(self._core.set_priority(group_id, priority))
+
+    def pause(self) -> None:
+        """Claims of this queue take nothing until `resume()`, from every client (publishes go
+        on; leases in flight finish normally)."""
+        self._run(self._core.set_paused(True))
+
+    def resume(self) -> None:
+        """Undo `pause()`."""
+        self._run(self._core.set_paused(False))
 
     def dead_letters(self, limit: int = 100, *, group_id: str | None = None) -> list[DeadLetter]:
         return self._run(self._core.dead_letters(limit, group_id))
