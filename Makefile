@@ -4,9 +4,13 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup rqlited test lint typecheck unit unit-fast docs demo bench chaos generate clean
+.PHONY: screenshots setup rqlited browser test lint typecheck unit unit-fast docs demo bench chaos generate clean
 
-setup: $(STAMP) rqlited
+setup: $(STAMP) rqlited browser
+
+# Debian's Chromium for the dashboard's browser tests (scripts/browser-deps).
+browser:
+	@scripts/browser-deps
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -61,6 +65,10 @@ bench: setup $(BENCH_STAMP)
 chaos: setup
 	scripts/chaos-deps
 	RQLITED="$$(scripts/build-rqlited)" $(BIN)/pytest -q -s -m slow tests/chaos $(PYTEST_ARGS)
+
+# The dashboard's pictures in docs/img/, taken by its browser tests.
+screenshots: setup
+	RQLITE_QUEUE_SCREENSHOTS=1 RQLITED="$$(scripts/build-rqlited)" $(BIN)/pytest -q tests/test_dashboard.py -k "overview or groups_page or through_the_ui"
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -52,6 +52,7 @@ COMMANDS = [
     ["groups"],
     ["pause"],
     ["resume"],
+    ["dashboard"],
     ["schedule"],
     ["schedule", "add"],
     ["schedule", "list"],

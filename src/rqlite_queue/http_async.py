@@ -3,9 +3,11 @@ least client CPU per request of the async clients measured in `bench/http_client
 
 from __future__ import annotations
 
+import json
 import ssl
 import time
 from collections.abc import Callable
+from typing import Any
 
 import aiohttp
 
@@ -60,6 +62,20 @@ class AiohttpClient(AsyncRqliteClient):
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             return NoReply(repr(exc))
         return Reply(response.status, content, response.headers.get("Date"), sent_at, self.clock())
+
+    async def get_json(self, base_url: str, path: str, timeout: float) -> Any:
+        """GET an rqlite node's JSON endpoint (`/status`, `/nodes`) with this client's
+        credentials and TLS settings; None if the node does not answer with JSON."""
+        session = self._open()
+        try:
+            async with session.get(
+                base_url + path, timeout=aiohttp.ClientTimeout(total=timeout)
+            ) as response:
+                if response.status != 200:
+                    return None
+                return json.loads(await response.read())
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
+            return None
 
     async def close(self) -> None:
         if self._session is not None:

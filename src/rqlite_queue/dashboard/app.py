@@ -1,0 +1,340 @@
+"""The dashboard: an ASGI app (Starlette) over an `AsyncTransport`, server-rendered with Jinja2
+(autoescaped: a payload is shown as text, never run), live-refreshed by htmx (vendored in
+`static/`, with its license). Run it with `rqlite-queue dashboard`, or mount it in an app of
+your own:
+
+    from starlette.routing import Mount
+    from rqlite_queue.dashboard import create_app
+    routes = [Mount("/queue", app=create_app(transport, allow_actions=True))]
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import quote
+
+import jinja2
+from starlette.applications import Starlette
+from starlette.datastructures import FormData
+from starlette.middleware import Middleware
+from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from .._async.transport import AsyncTransport
+from ..core import MAX_BATCH
+from ..errors import InvalidArgument, LeaseLost, QueueError, Unavailable
+from ..sql import GROUP_STATES, MAX_PRIORITY
+from .history import History, polyline
+from .nodes import cluster_nodes
+from .security import Access, Csrf
+
+PAGE = 50
+"""Rows per page of groups and dead letters."""
+
+_HERE = __file__.rsplit("/", 1)[0]
+
+
+def create_app(
+    transport: AsyncTransport,
+    *,
+    allow_actions: bool = False,
+    basic_auth: tuple[str, str] | None = None,
+    bearer_token: str | None = None,
+    refresh: float = 2.0,
+    clock: Callable[[], float] = time.time,
+) -> Starlette:
+    """The dashboard of `transport`'s queue. Read-only unless `allow_actions`; behind HTTP
+    Basic (`basic_auth=(user, password)`) or a bearer token when given; pages refresh every
+    `refresh` seconds."""
+    if not isinstance(allow_actions, bool):
+        raise InvalidArgument("allow_actions must be True or False")
+    if isinstance(refresh, bool) or not isinstance(refresh, int | float) or not refresh >= 0.2:
+        raise InvalidArgument("refresh must be a number of seconds >= 0.2")
+    dashboard = _Dashboard(
+        transport, allow_actions, Access(basic_auth, bearer_token), refresh, clock
+    )
+    return dashboard.app
+
+
+class _Dashboard:
+    def __init__(
+        self,
+        transport: AsyncTransport,
+        allow_actions: bool,
+        access: Access,
+        refresh: float,
+        clock: Callable[[], float],
+    ) -> None:
+        self.q = transport
+        self.allow_actions = allow_actions
+        self.access = access
+        self.refresh = refresh
+        self.clock = clock
+        self.csrf = Csrf()
+        self.history = History(every=refresh)
+        self.templates = jinja2.Environment(
+            loader=jinja2.FileSystemLoader(f"{_HERE}/templates"),
+            autoescape=True,
+            undefined=jinja2.StrictUndefined,
+        )
+        self.templates.filters["when"] = _when
+        self.templates.filters["ago"] = _ago
+        self.templates.filters["pretty"] = _pretty
+        self.templates.filters["q"] = lambda value: quote(str(value), safe="")
+        self.app = Starlette(
+            routes=[
+                Route("/", self.overview),
+                Route("/fragments/overview", self.overview_fragment),
+                Route("/groups", self.groups),
+                Route("/fragments/groups", self.groups_fragment),
+                Route("/group", self.group),
+                Route("/fragments/group", self.group_fragment),
+                Route("/dead", self.dead),
+                Route("/fragments/dead", self.dead_fragment),
+                Route("/schedules", self.schedules),
+                Route("/action/{name}", self.action, methods=["POST"]),
+                Mount("/static", StaticFiles(directory=f"{_HERE}/static"), name="static"),
+            ],
+            middleware=[Middleware(BaseHTTPMiddleware, dispatch=self._guard)],
+            exception_handlers={QueueError: self._queue_error},
+        )
+
+    # ------------------------------------------------------------------ plumbing
+
+    async def _guard(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
+        if not self.access.allows(request.headers.get("authorization")):
+            return PlainTextResponse(
+                "authentication required",
+                status_code=401,
+                headers={"WWW-Authenticate": 'Basic realm="rqlite-queue", charset="UTF-8"'},
+            )
+        response = await call_next(request)
+        response.headers.setdefault("X-Frame-Options", "DENY")
+        response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        response.headers.setdefault("Referrer-Policy", "same-origin")
+        response.headers.setdefault(
+            "Content-Security-Policy",
+            "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; "
+            "frame-ancestors 'none'",
+        )
+        return response
+
+    async def _queue_error(self, request: Request, exc: Exception) -> Response:
+        status = 503 if isinstance(exc, Unavailable) else 400
+        if isinstance(exc, LeaseLost):
+            status = 409
+        return self._page(request, "error.html", status=status, error=str(exc))
+
+    def _page(self, request: Request, template: str, status: int = 200, **values: Any) -> Response:
+        html = self.templates.get_template(template).render(
+            base=request.scope.get("root_path", ""),
+            queue=self.q.queue,
+            allow_actions=self.allow_actions,
+            csrf=self.csrf.token,
+            refresh_ms=int(self.refresh * 1000),
+            path=request.url.path,
+            **values,
+        )
+        return HTMLResponse(html, status_code=status)
+
+    # ------------------------------------------------------------------ overview
+
+    async def _overview(self) -> dict[str, Any]:
+        stats = await self.q.stats()
+        now = self.clock()
+        if self.history.due(now):
+            self.history.add(now, stats)
+        rates = self.history.rates()
+        depth_points = [(s.at, float(s.depth)) for s in self.history.samples]
+        top_depth = max((v for _, v in depth_points), default=0.0) or 1.0
+        top_rate = max((max(r.published, r.done) for r in rates), default=0.0) or 1.0
+        return {
+            "stats": stats,
+            "priorities": [(p, stats.by_priority.get(p, 0)) for p in range(MAX_PRIORITY + 1)],
+            "nodes": await cluster_nodes(self.q),
+            "depth_line": polyline(depth_points, 600, 120, top_depth),
+            "top_depth": top_depth,
+            "published_line": polyline([(r.at, r.published) for r in rates], 600, 120, top_rate),
+            "done_line": polyline([(r.at, r.done) for r in rates], 600, 120, top_rate),
+            "top_rate": top_rate,
+            "last_rate": rates[-1] if rates else None,
+            "minutes": self.history.window / 60,
+        }
+
+    async def overview(self, request: Request) -> Response:
+        return self._page(request, "overview.html", **await self._overview())
+
+    async def overview_fragment(self, request: Request) -> Response:
+        return self._page(request, "_overview.html", **await self._overview())
+
+    # ------------------------------------------------------------------ groups
+
+    async def _groups(self, request: Request) -> dict[str, Any]:
+        params = request.query_params
+        state = params.get("state") or None
+        prefix = params.get("prefix") or None
+        after = params.get("after") or None
+        min_priority = _int(params.get("min_priority"), 0, 0, MAX_PRIORITY)
+        infos = await self.q.groups(
+            state=state, prefix=prefix, min_priority=min_priority, limit=PAGE, after=after
+        )
+        return {
+            "groups": infos,
+            "states": GROUP_STATES,
+            "state": state or "",
+            "prefix": prefix or "",
+            "min_priority": min_priority,
+            "after": after or "",
+            "next_after": infos[-1].group_id if len(infos) == PAGE else None,
+            "query": request.url.query,
+        }
+
+    async def groups(self, request: Request) -> Response:
+        return self._page(request, "groups.html", **await self._groups(request))
+
+    async def groups_fragment(self, request: Request) -> Response:
+        return self._page(request, "_groups.html", **await self._groups(request))
+
+    async def _group(self, request: Request) -> dict[str, Any]:
+        group_id = request.query_params.get("id", "")
+        found = await self.q.groups(prefix=group_id, limit=1) if group_id else []
+        info = found[0] if found and found[0].group_id == group_id else None
+        messages = await self.q.peek(group_id, PAGE) if group_id else []
+        dead = await self.q.dead_letters(PAGE, group_id=group_id) if group_id else []
+        return {
+            "group_id": group_id,
+            "info": info,
+            "messages": [(seq, _pretty(event)) for seq, event in messages],
+            "dead": dead,
+            "query": request.url.query,
+        }
+
+    async def group(self, request: Request) -> Response:
+        return self._page(request, "group.html", **await self._group(request))
+
+    async def group_fragment(self, request: Request) -> Response:
+        return self._page(request, "_group.html", **await self._group(request))
+
+    # ------------------------------------------------------------------ dead letters
+
+    async def _dead(self, request: Request) -> dict[str, Any]:
+        group_id = request.query_params.get("group") or None
+        limit = _int(request.query_params.get("limit"), PAGE, 1, MAX_BATCH)
+        letters = await self.q.dead_letters(limit, group_id=group_id)
+        return {
+            "letters": letters,
+            "group": group_id or "",
+            "limit": limit,
+            "query": request.url.query,
+        }
+
+    async def dead(self, request: Request) -> Response:
+        return self._page(request, "dead.html", **await self._dead(request))
+
+    async def dead_fragment(self, request: Request) -> Response:
+        return self._page(request, "_dead.html", **await self._dead(request))
+
+    async def schedules(self, request: Request) -> Response:
+        return self._page(request, "schedules.html", schedules=await self.q.schedules())
+
+    # ------------------------------------------------------------------ actions
+
+    async def action(self, request: Request) -> Response:
+        if not self.allow_actions:
+            return PlainTextResponse(
+                "read-only dashboard: start it with --allow-actions to change the queue",
+                status_code=403,
+            )
+        form = await request.form()
+        if not self.csrf.valid(form.get("csrf")):
+            return PlainTextResponse("missing or wrong CSRF token", status_code=403)
+        name = request.path_params["name"]
+        run = self._actions().get(name)
+        if run is None:
+            return PlainTextResponse(f"no such action: {name}", status_code=404)
+        await run(form)
+        back = str(form.get("next") or "/")
+        if not back.startswith("/") or back.startswith("//"):
+            back = "/"
+        return RedirectResponse(request.scope.get("root_path", "") + back, status_code=303)
+
+    def _actions(self) -> dict[str, Callable[[FormData], Awaitable[Any]]]:
+        q = self.q
+
+        def group(form: FormData) -> str:
+            return str(form.get("group_id", ""))
+
+        def seqs(form: FormData) -> list[int] | None:
+            values = form.getlist("seq")
+            try:
+                return [int(str(v)) for v in values] if values else None
+            except ValueError:
+                raise InvalidArgument("seq must be whole numbers") from None
+
+        return {
+            "hold": lambda f: q.hold_group(group(f)),
+            "release": lambda f: q.release_group(group(f)),
+            "cancel": lambda f: q.cancel_group(group(f), str(f.get("reason") or "cancelled")),
+            "priority": lambda f: q.set_priority(
+                group(f), _int(f.get("priority"), -1, 0, MAX_PRIORITY, strict=True)
+            ),
+            "requeue": lambda f: q.requeue_dead(_required(seqs(f))),
+            "purge": lambda f: q.purge_dead(_required(seqs(f))),
+            "requeue_all": lambda f: q.requeue_dead(None),
+            "purge_all": lambda f: q.purge_dead(None),
+            "pause": lambda f: q.pause(),
+            "resume": lambda f: q.resume(),
+        }
+
+
+def _required(seqs: list[int] | None) -> list[int]:
+    if not seqs:
+        raise InvalidArgument("no dead letter chosen")
+    return seqs
+
+
+def _int(value: Any, default: int, low: int, high: int, *, strict: bool = False) -> int:
+    if value is None or value == "":
+        if strict:
+            raise InvalidArgument(f"a number from {low} to {high} is needed")
+        return default
+    try:
+        number = int(str(value))
+    except ValueError:
+        raise InvalidArgument(f"not a whole number: {str(value)[:40]!r}") from None
+    if not low <= number <= high:
+        raise InvalidArgument(f"{number} is not from {low} to {high}")
+    return number
+
+
+def _pretty(event: Any) -> str:
+    if isinstance(event, bytes | bytearray):
+        return repr(bytes(event))
+    try:
+        return json.dumps(event, indent=2, ensure_ascii=False, default=repr)
+    except (TypeError, ValueError):
+        return repr(event)
+
+
+def _when(epoch: float | None) -> str:
+    if epoch is None:
+        return ""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(epoch))
+
+
+def _ago(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    if seconds < 120:
+        return f"{seconds:.1f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f}m"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86400:.1f}d"

@@ -1,0 +1,354 @@
+"""The dashboard (`rqlite-queue dashboard`), served by the real command on a real 3-node
+cluster: over plain HTTP (access control, CSRF, read-only mode, escaping), then in headless
+Chromium (Debian's package, driven by Playwright): the overview's numbers equal `stats()`, the
+page refreshes itself, actions through the UI change the queue as the API would, a payload
+made to run script stays text.
+
+With `RQLITE_QUEUE_SCREENSHOTS=1` the browser tests also save each page to `docs/img/`
+(`make screenshots`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import select
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from rqlite_queue import Lease, LeaseLost, Transport
+from rqlite_queue.cluster import Cluster
+
+pytest.importorskip("starlette", reason="the dashboard extra is not installed")
+
+BIN = Path(sys.executable).parent
+EXE = shutil.which("rqlite-queue", path=str(BIN))
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+SHOTS = Path(__file__).resolve().parent.parent / "docs" / "img"
+XSS = '<script>window.__xss = 1</script><img src=x onerror="window.__xss = 2">'
+
+pytestmark = pytest.mark.skipif(EXE is None, reason="rqlite-queue is not installed")
+
+
+@contextmanager
+def dashboard(url: str, queue: str, *options: str) -> Iterator[str]:
+    """`rqlite-queue dashboard` on a free port; yields its base URL; stops it with SIGTERM."""
+    assert EXE is not None
+    process = subprocess.Popen(
+        [
+            EXE,
+            "--url",
+            url,
+            "--queue",
+            queue,
+            "dashboard",
+            "--port",
+            "0",
+            "--refresh",
+            "0.5",
+            *options,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("RQLITE_QUEUE_DASH")},
+    )
+    try:
+        assert process.stdout is not None
+        ready, _, _ = select.select([process.stdout], [], [], 30)
+        line = process.stdout.readline() if ready else ""
+        found = re.search(r"on (http://127\.0\.0\.1:\d+)/ ", line)
+        if not found:
+            process.kill()
+            raise AssertionError(f"no address in {line!r}: {process.communicate()[1][-2000:]}")
+        yield found.group(1)
+    finally:
+        process.terminate()
+        try:
+            assert process.wait(15) == 0
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            raise
+
+
+@pytest.fixture
+def queue_name() -> str:
+    return f"dash_{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def q(cluster3: Cluster, queue_name: str) -> Iterator[Transport]:
+    transport = Transport.from_url(cluster3.url, queue=queue_name)
+    yield transport
+    transport.close()
+
+
+def a_busy_queue(q: Transport) -> Lease:
+    """Messages in every state: ready (order-4), leased (order-1, the lease returned), parked
+    (order-2), held (order-3), delayed (later), dead (poison), with an XSS payload among the
+    messages and the dead letters."""
+    q.publish_many([("order-1", {"step": "charge"}), ("order-1", {"step": "ship"})])
+    q.publish_many([("order-2", "a", 2), ("order-3", "b"), ("order-4", XSS), ("poison", XSS)])
+    q.publish("later", "c", delay=3600)
+    q.hold_group("order-3")
+    lease = q.claim("w-lease", 300)
+    assert lease is not None and lease.group_id == "order-1"
+    parked = q.claim("w", 300)
+    assert parked is not None and parked.group_id == "order-2"
+    q.nack(parked, delay=600)
+    others = {lease.group_id: lease for lease in q.claim_many("w", 300, 5)}
+    assert sorted(others) == ["order-4", "poison"]
+    q.nack(others["order-4"])
+    q.dead_letter(others["poison"], "bad <b>card</b>")
+    return lease
+
+
+def snapshot(q: Transport) -> tuple[Any, ...]:
+    """The queue's state, without the ages (they grow with the clock)."""
+    return (
+        dataclasses.replace(q.stats(), oldest_age=None),
+        q.dead_letters(),
+        [dataclasses.replace(g, head_age=None) for g in q.groups()],
+    )
+
+
+# ------------------------------------------------------------------------------ plain HTTP
+
+
+def test_read_only_by_default_and_a_forged_post_changes_nothing(
+    cluster3: Cluster, queue_name: str, q: Transport
+) -> None:
+    a_busy_queue(q)
+    before = snapshot(q)
+    with dashboard(cluster3.url, queue_name) as base, httpx.Client(base_url=base) as http:
+        page = http.get("/group", params={"id": "order-1"})
+        assert page.status_code == 200
+        assert "data-action" not in page.text and 'name="csrf"' not in page.text
+        for action, data in [
+            ("cancel", {"group_id": "order-1"}),
+            ("purge_all", {}),
+            ("pause", {}),
+            ("requeue_all", {}),
+        ]:
+            forged = http.post(f"/action/{action}", data={**data, "csrf": "anything"})
+            assert forged.status_code == 403, action
+            assert "read-only" in forged.text
+    assert snapshot(q) == before
+
+
+def test_a_post_without_the_csrf_token_is_refused(
+    cluster3: Cluster, queue_name: str, q: Transport
+) -> None:
+    a_busy_queue(q)
+    before = snapshot(q)
+    with (
+        dashboard(cluster3.url, queue_name, "--allow-actions") as base,
+        httpx.Client(base_url=base) as http,
+    ):
+        page = http.get("/dead")
+        token = re.search(r'name="csrf" value="([^"]+)"', page.text)
+        assert token, "an actions dashboard puts its token in its forms"
+        for data in ({}, {"csrf": ""}, {"csrf": "x" + token.group(1)}):
+            refused = http.post("/action/purge_all", data=data)
+            assert refused.status_code == 403 and "CSRF" in refused.text
+        assert snapshot(q) == before
+        done = http.post("/action/pause", data={"csrf": token.group(1), "next": "/"})
+        assert done.status_code == 303 and done.headers["location"] == "/"
+    assert q.stats().paused
+    q.resume()
+
+
+def test_payloads_and_reasons_are_escaped(cluster3: Cluster, queue_name: str, q: Transport) -> None:
+    a_busy_queue(q)
+    with (
+        dashboard(cluster3.url, queue_name, "--allow-actions") as base,
+        httpx.Client(base_url=base) as http,
+    ):
+        for page in (http.get("/dead"), http.get("/group", params={"id": "order-4"})):
+            assert page.status_code == 200
+            assert "<script>window.__xss" not in page.text
+            assert "&lt;script&gt;window.__xss = 1&lt;/script&gt;" in page.text
+        assert "bad &lt;b&gt;card&lt;/b&gt;" in http.get("/dead").text
+        policy = http.get("/").headers["content-security-policy"]
+        assert policy.startswith("default-src 'self';") and "script-src" not in policy
+
+
+def test_basic_auth_and_bearer_token(cluster3: Cluster, queue_name: str) -> None:
+    password = "p:w@/,%?#&'\"<>"  # every character a URL or a header might trip on
+    with (
+        dashboard(
+            cluster3.url, queue_name, "--basic-auth", f"admin:{password}", "--token", "s3cret"
+        ) as base,
+        httpx.Client(base_url=base) as http,
+    ):
+        refused = http.get("/")
+        assert refused.status_code == 401
+        assert refused.headers["www-authenticate"].startswith("Basic")
+        assert http.get("/", auth=("admin", "wrong")).status_code == 401
+        assert http.get("/", auth=("admin", password)).status_code == 200
+        assert http.get("/static/htmx.min.js").status_code == 401
+        bearer = {"Authorization": "Bearer s3cret"}
+        assert http.get("/groups", headers=bearer).status_code == 200
+        assert http.get("/", headers={"Authorization": "Bearer nope"}).status_code == 401
+
+
+def test_bad_query_arguments_give_an_error_page(
+    cluster3: Cluster, queue_name: str, q: Transport
+) -> None:
+    q.publish("g", 1)
+    with dashboard(cluster3.url, queue_name) as base, httpx.Client(base_url=base) as http:
+        for params in ({"state": "stuck"}, {"min_priority": "9"}, {"min_priority": "x"}):
+            page = http.get("/groups", params=params)
+            assert page.status_code == 400, params
+            assert 'id="error"' in page.text
+
+
+# ------------------------------------------------------------------------------ the browser
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if CHROMIUM is None:
+        pytest.skip("no Chromium: scripts/browser-deps installs Debian's package (needs root)")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM,
+            headless=True,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+            ],
+        )
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(15_000)
+    yield page
+    context.close()
+
+
+def shot(page: Any, name: str) -> None:
+    if os.environ.get("RQLITE_QUEUE_SCREENSHOTS") == "1":
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SHOTS / f"dashboard-{name}.png"), full_page=True)
+
+
+def stat(page: Any, name: str) -> str:
+    return str(page.locator(f'[data-stat="{name}"]').inner_text()).strip()
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def test_the_overview_shows_stats_and_refreshes_itself(
+    cluster3: Cluster, queue_name: str, q: Transport, page: Any
+) -> None:
+    a_busy_queue(q)
+    with dashboard(cluster3.url, queue_name) as base:
+        page.goto(base + "/")
+        stats = q.stats()
+        for name in ("depth", "groups", "in_flight", "parked", "held", "delayed", "dead"):
+            assert stat(page, name) == str(getattr(stats, name)), name
+        for priority in range(5):
+            cell = page.locator(f'[data-priority="{priority}"]').inner_text()
+            assert cell == str(stats.by_priority.get(priority, 0))
+        rows = page.locator("#nodes tr[data-node]")
+        assert rows.count() == 3
+        assert page.locator("#nodes").inner_text().count("leader") == 1
+        assert page.locator("[data-action]").count() == 0  # read-only: no buttons
+        q.publish_many([("new", i) for i in range(5)])
+        page.wait_for_function(
+            "n => document.querySelector('[data-stat=depth]').textContent.trim() === n",
+            arg=str(stats.depth + 5),
+        )
+        assert page.evaluate("window.__xss") is None
+        time.sleep(1.5)  # a few samples for the charts
+        shot(page, "overview")
+
+
+def test_groups_page_filters_and_opens_a_group(
+    cluster3: Cluster, queue_name: str, q: Transport, page: Any
+) -> None:
+    a_busy_queue(q)
+    with dashboard(cluster3.url, queue_name) as base:
+        page.goto(base + "/groups")
+        listed = page.locator("#group-table tr[data-group]")
+        assert [listed.nth(i).get_attribute("data-group") for i in range(listed.count())] == [
+            g.group_id for g in q.groups()
+        ]
+        shot(page, "groups")
+        page.select_option("select[name=state]", "leased")
+        page.click("text=Filter")
+        page.wait_for_url(re.compile(r"state=leased"))
+        assert page.locator("#group-table tr[data-group]").count() == 1
+        page.click("#group-table a")
+        page.wait_for_url(re.compile(r"/group\?id=order-1"))
+        assert page.locator('[data-field="state"]').inner_text() == "leased"
+        assert "w-lease" in page.locator("#group-info").inner_text()
+        assert '"step": "charge"' in page.locator("#messages").inner_text()
+
+
+def test_cancel_and_requeue_through_the_ui(
+    cluster3: Cluster, queue_name: str, q: Transport, page: Any
+) -> None:
+    lease = a_busy_queue(q)
+    with dashboard(cluster3.url, queue_name, "--allow-actions") as base:
+        page.on("dialog", lambda dialog: dialog.accept())
+        page.goto(base + "/group?id=order-1")
+        shot(page, "group")
+        page.fill("input[name=reason]", "refunded")
+        page.click('[data-action="cancel"]')
+        page.wait_for_url(re.compile(r"/group\?id=order-1"))
+        dead = q.dead_letters(group_id="order-1")
+        assert [(d.event, d.reason) for d in dead] == [
+            ({"step": "charge"}, "refunded"),
+            ({"step": "ship"}, "refunded"),
+        ]
+        assert "no messages" in page.locator("#group").inner_text()
+
+        page.goto(base + "/dead")
+        shot(page, "dead-letters")
+        row = page.locator(f'#dead-table tr[data-seq="{dead[0].seq}"]')
+        row.locator('[data-action="requeue"]').click()
+        page.wait_for_url(re.compile(r"/dead$"))
+        assert page.locator(f'#dead-table tr[data-seq="{dead[0].seq}"]').count() == 0
+        assert [e for _, e in q.peek("order-1")] == [{"step": "charge"}]
+        assert page.evaluate("window.__xss") is None
+        page.locator('#dead-table tr:has-text("poison") summary').first.click()
+        assert "<script>window.__xss" in page.locator("#dead-table pre.payload").first.inner_text()
+
+        page.goto(base + "/")
+        page.click('[data-action="pause"]')
+        page.wait_for_selector("text=paused: claims take nothing")
+        assert q.stats().paused and q.claim("w", 30) is None
+        page.click('[data-action="resume"]')
+        page.wait_for_selector("text=running")
+        assert not q.stats().paused
+    with pytest.raises(LeaseLost):  # the UI's cancel fenced the lease in flight
+        q.ack(lease)
