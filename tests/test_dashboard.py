@@ -323,6 +323,7 @@ def test_cancel_and_requeue_through_the_ui(
         page.goto(base + "/group?id=order-1")
         shot(page, "group")
         page.fill("input[name=reason]", "refunded")
+        page.wait_for_timeout(1500)  # live refreshes must not wipe what the operator typed
         page.click('[data-action="cancel"]')
         page.wait_for_url(re.compile(r"/group\?id=order-1"))
         dead = q.dead_letters(group_id="order-1")
@@ -340,8 +341,10 @@ def test_cancel_and_requeue_through_the_ui(
         assert page.locator(f'#dead-table tr[data-seq="{dead[0].seq}"]').count() == 0
         assert [e for _, e in q.peek("order-1")] == [{"step": "charge"}]
         assert page.evaluate("window.__xss") is None
-        page.locator('#dead-table tr:has-text("poison") summary').first.click()
-        assert "<script>window.__xss" in page.locator("#dead-table pre.payload").first.inner_text()
+        poison = page.locator('#dead-table tr:has-text("poison")')
+        poison.locator("summary").click()
+        assert "<script>window.__xss" in poison.locator("pre.payload").inner_text()
+        assert page.evaluate("window.__xss") is None
 
         page.goto(base + "/")
         page.click('[data-action="pause"]')

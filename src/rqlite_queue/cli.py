@@ -970,6 +970,20 @@ def purge(config: Config, seqs: tuple[int, ...], yes: bool) -> int:
 # ------------------------------------------------------------------------------ dashboard
 
 
+def _quiet_server() -> type[Any]:
+    import uvicorn
+
+    class QuietServer(uvicorn.Server):
+        """uvicorn's server without its own signal handling (which re-raises the signal once
+        stopped): the command sets its own handlers, and exits 0 on SIGINT or SIGTERM."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    return QuietServer
+
+
 def _credentials(value: str | None) -> tuple[str, str] | None:
     if not value:
         return None
@@ -1026,6 +1040,7 @@ def dashboard(
             f"({exc.name} is missing)"
         ) from None
     credentials = _credentials(basic_auth)
+    quiet_server = _quiet_server()
 
     async def serve() -> None:
         transport = await AsyncTransport.from_url(config.url, **config.options())
@@ -1037,21 +1052,23 @@ def dashboard(
                 bearer_token=token or None,
                 refresh=refresh,
             )
-            server = uvicorn.Server(
+            server = quiet_server(
                 uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
             )
             loop = asyncio.get_running_loop()
             for signum in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(signum, setattr, server, "should_exit", True)
-            await server.startup()
-            if server.should_exit:  # the port could not be bound: uvicorn logged why
+            serving = asyncio.create_task(server.serve())
+            while not server.started and not serving.done():
+                await asyncio.sleep(0.02)
+            if not server.started:  # the port could not be bound: uvicorn logged why
+                await serving
                 raise click.ClickException(f"could not listen on {host}:{port}")
-            bound = server.servers[0].sockets[0].getsockname()[1] if server.servers else port
+            bound = server.servers[0].sockets[0].getsockname()[1]
             mode = "actions allowed" if allow_actions else "read-only"
             click.echo(f"dashboard of queue {config.queue!r} on http://{host}:{bound}/ ({mode})")
             sys.stdout.flush()
-            await server.main_loop()
-            await server.shutdown()
+            await serving
         finally:
             await transport.close()
 
