@@ -52,7 +52,7 @@ def main() -> int:
     rows: list[tuple[str, list[float]]] = []
     started = time.time()
     with Cluster(3, fast=False) as cluster:
-        admin = RqliteAdmin(cluster.url)
+        admin = RqliteAdmin(cluster.leader().http_url)
         reset_ours(admin, QUEUE)
         t0 = time.perf_counter()
         build_ours(admin, QUEUE, messages, groups)

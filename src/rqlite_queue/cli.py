@@ -38,6 +38,7 @@ from ._sync.transport import Transport
 from .core import QueueCore
 from .errors import InvalidArgument, QueueError
 from .lease import DeadLetter, Stats
+from .timefmt import duration, utc
 
 DEFAULT_URL = "sqlite:///rqlite-queue.db"
 """The embedded queue in `./rqlite-queue.db` when neither `--url` nor `$RQLITE_QUEUE_URL`
@@ -102,17 +103,7 @@ def _json(value: Any) -> str:
 
 
 def _ago(epoch: float) -> str:
-    return _duration(max(0.0, time.time() - epoch)) + " ago"
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.1f}s"
-    if seconds < 7200:
-        return f"{seconds / 60:.1f}m"
-    if seconds < 172800:
-        return f"{seconds / 3600:.1f}h"
-    return f"{seconds / 86400:.1f}d"
+    return duration(max(0.0, time.time() - epoch)) + " ago"
 
 
 def _stats_table(stats: Stats) -> Table:
@@ -127,9 +118,7 @@ def _stats_table(stats: Stats) -> Table:
     table.add_row("delayed", str(stats.delayed))
     table.add_row("dead letters", str(stats.dead))
     table.add_row("expired", str(stats.expired))
-    table.add_row(
-        "oldest message", "-" if stats.oldest_age is None else _duration(stats.oldest_age)
-    )
+    table.add_row("oldest message", "-" if stats.oldest_age is None else duration(stats.oldest_age))
     for priority in range(5):
         table.add_row(f"priority {priority}", str(stats.by_priority.get(priority, 0)))
     if stats.paused:
@@ -685,9 +674,9 @@ def groups_command(
             str(info.depth),
             "" if info.head_seq is None else str(info.head_seq),
             str(info.attempts),
-            "" if info.until is None else _when(info.until),
+            "" if info.until is None else utc(info.until),
             info.holder or "",
-            "" if info.head_age is None else _duration(info.head_age),
+            "" if info.head_age is None else duration(info.head_age),
         )
     title = f"{len(infos)} groups"
     if len(infos) == limit:
@@ -815,12 +804,8 @@ def schedule_add(
         made = queue.schedule(
             name, group, event, every=every, cron=cron, priority=priority, catch_up=catch_up
         )
-    _stdout().print(f"scheduled {made.name}: next tick {_when(made.next_at)}")
+    _stdout().print(f"scheduled {made.name}: next tick {utc(made.next_at)}")
     return 0
-
-
-def _when(epoch: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(epoch))
 
 
 @schedule.command("list")
@@ -839,7 +824,7 @@ def schedule_list(config: Config, as_json: bool) -> int:
         table.add_column(column, overflow="fold")
     for s in schedules:
         cadence = f"{s.every:g} s" if s.every is not None else str(s.cron)
-        table.add_row(s.name, s.group_id, cadence, str(s.priority), _when(s.next_at),
+        table.add_row(s.name, s.group_id, cadence, str(s.priority), utc(s.next_at),
                       _json(s.event))  # fmt: skip
     _stdout().print(table)
     return 0

@@ -48,7 +48,7 @@ class Stats:
     """Groups parked by `nack(delay>0)`, delay not yet over."""
     dead: int
     oldest_age: float | None
-    """Seconds since the oldest message still queued was published."""
+    """Seconds since the first message still queued (the lowest seq) was published."""
     by_priority: dict[int, int]
     """Messages per group priority."""
     held: int = 0

@@ -10,6 +10,7 @@ your own:
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -30,6 +31,7 @@ from .._async.transport import AsyncTransport
 from ..core import MAX_BATCH
 from ..errors import InvalidArgument, LeaseLost, QueueError, Unavailable
 from ..sql import GROUP_STATES, MAX_PRIORITY
+from ..timefmt import duration, utc
 from .history import History, polyline
 from .nodes import cluster_nodes
 from .security import Access, Csrf
@@ -83,8 +85,8 @@ class _Dashboard:
             autoescape=True,
             undefined=jinja2.StrictUndefined,
         )
-        self.templates.filters["when"] = _when
-        self.templates.filters["ago"] = _ago
+        self.templates.filters["when"] = lambda epoch: "" if epoch is None else utc(epoch)
+        self.templates.filters["ago"] = lambda s: "" if s is None else duration(s)
         self.templates.filters["pretty"] = _pretty
         self.templates.filters["q"] = lambda value: quote(str(value), safe="")
         self.app = Starlette(
@@ -146,7 +148,7 @@ class _Dashboard:
     # ------------------------------------------------------------------ overview
 
     async def _overview(self) -> dict[str, Any]:
-        stats = await self.q.stats()
+        stats, nodes = await asyncio.gather(self.q.stats(), cluster_nodes(self.q))
         now = self.clock()
         if self.history.due(now):
             self.history.add(now, stats)
@@ -157,7 +159,7 @@ class _Dashboard:
         return {
             "stats": stats,
             "priorities": [(p, stats.by_priority.get(p, 0)) for p in range(MAX_PRIORITY + 1)],
-            "nodes": await cluster_nodes(self.q),
+            "nodes": nodes,
             "depth_line": polyline(depth_points, 600, 120, top_depth),
             "top_depth": top_depth,
             "published_line": polyline([(r.at, r.published) for r in rates], 600, 120, top_rate),
@@ -320,21 +322,3 @@ def _pretty(event: Any) -> str:
         return json.dumps(event, indent=2, ensure_ascii=False, default=repr)
     except (TypeError, ValueError):
         return repr(event)
-
-
-def _when(epoch: float | None) -> str:
-    if epoch is None:
-        return ""
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(epoch))
-
-
-def _ago(seconds: float | None) -> str:
-    if seconds is None:
-        return ""
-    if seconds < 120:
-        return f"{seconds:.1f}s"
-    if seconds < 7200:
-        return f"{seconds / 60:.1f}m"
-    if seconds < 172800:
-        return f"{seconds / 3600:.1f}h"
-    return f"{seconds / 86400:.1f}d"
