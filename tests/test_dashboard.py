@@ -355,3 +355,17 @@ def test_cancel_and_requeue_through_the_ui(
         assert not q.stats().paused
     with pytest.raises(LeaseLost):  # the UI's cancel fenced the lease in flight
         q.ack(lease)
+
+
+def test_the_schedules_page_lists_every_schedule(
+    cluster3: Cluster, queue_name: str, q: Transport, page: Any
+) -> None:
+    q.schedule("nightly-report", "reports", {"kind": "daily"}, cron="0 3 * * *", priority=2)
+    q.schedule("heartbeat", "health", XSS, every=300)
+    with dashboard(cluster3.url, queue_name) as base:
+        page.goto(base + "/schedules")
+        table = page.locator("#schedules").inner_text()
+        assert "nightly-report" in table and "0 3 * * *" in table and "300.0 s" in table
+        assert XSS.split(">")[0] in table  # the payload is text
+        assert page.evaluate("window.__xss") is None
+        shot(page, "schedules")

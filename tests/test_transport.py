@@ -64,6 +64,18 @@ def test_every_operation_is_one_http_request(cluster3: Cluster) -> None:
     assert requests(lambda: q.claim("w", 30, min_priority=4)) == 1  # a write: found nothing
     # After a claim that found nothing, a claim only reads (no write) while nothing is there.
     assert requests(lambda: q.claim("w", 30, min_priority=4)) == 1
+    # Operators' calls.
+    assert requests(lambda: q.groups(state="ready", prefix="h", limit=10)) == 1
+    assert requests(lambda: q.hold_group("h1")) == 1
+    assert requests(lambda: q.release_group("h1")) == 1
+    assert requests(lambda: q.set_priority("h2", 3)) == 1
+    assert requests(lambda: q.cancel_group("h3", "why")) == 1
+    assert requests(lambda: q.pause()) == 1
+    assert requests(lambda: q.resume()) == 1
+    assert requests(lambda: q.dead_letters()) == 1
+    assert requests(lambda: q.requeue_dead()) == 1
+    assert requests(lambda: q.purge_dead()) == 1
+    assert requests(lambda: q.peek("h4")) == 1
     q.close()
 
 

@@ -1,0 +1,69 @@
+"""The dashboard mounted inside another ASGI app, under a path prefix: its links, forms and
+redirects keep the prefix. In-process (httpx's ASGI transport) on the embedded backend: what
+is under test is the app's routing, not a backend."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytest.importorskip("starlette", reason="the dashboard extra is not installed")
+
+from starlette.applications import Starlette
+from starlette.routing import Mount
+
+from rqlite_queue import AsyncSqliteTransport, InvalidArgument
+from rqlite_queue.dashboard import create_app
+
+
+@pytest.fixture
+async def transport(tmp_path: Path) -> AsyncIterator[AsyncSqliteTransport]:
+    queue = AsyncSqliteTransport(str(tmp_path / "q.db"))
+    await queue.setup()
+    await queue.publish_many([("order-1", 1), ("order-1", 2)])
+    yield queue
+    await queue.close()
+
+
+async def test_links_forms_and_redirects_keep_the_mount_path(
+    transport: AsyncSqliteTransport,
+) -> None:
+    outer = Starlette(routes=[Mount("/ops/queue", app=create_app(transport, allow_actions=True))])
+    asgi = httpx.ASGITransport(app=outer)
+    async with httpx.AsyncClient(transport=asgi, base_url="http://dash") as http:
+        page = await http.get("/ops/queue/groups")
+        assert page.status_code == 200
+        assert 'href="/ops/queue/group?id=order-1"' in page.text
+        assert 'src="/ops/queue/static/htmx.min.js"' in page.text
+        assert 'hx-get="/ops/queue/fragments/groups?' in page.text
+        group = await http.get("/ops/queue/group", params={"id": "order-1"})
+        assert 'action="/ops/queue/action/cancel"' in group.text
+        token = re.search(r'name="csrf" value="([^"]+)"', group.text)
+        assert token
+        form = {"csrf": token.group(1), "group_id": "order-1", "next": "/group?id=order-1"}
+        done = await http.post("/ops/queue/action/hold", data=form)
+        assert done.status_code == 303
+        assert done.headers["location"] == "/ops/queue/group?id=order-1"
+        assert (await transport.stats()).held == 1
+        elsewhere = await http.post(
+            "/ops/queue/action/release", data={**form, "next": "//evil.example/"}
+        )
+        assert elsewhere.headers["location"] == "/ops/queue/"  # never off-site
+        assert (await transport.stats()).held == 0
+
+
+def test_bad_arguments_to_create_app(tmp_path: Path) -> None:
+    transport = AsyncSqliteTransport(str(tmp_path / "q.db"))
+    for kwargs in (
+        {"allow_actions": "yes"},
+        {"refresh": 0},
+        {"basic_auth": ("user", "")},
+        {"basic_auth": ("us:er", "pw")},
+        {"bearer_token": ""},
+    ):
+        with pytest.raises(InvalidArgument):
+            create_app(transport, **kwargs)  # type: ignore[arg-type]
