@@ -54,7 +54,7 @@ from typing import Any
 SCHEMA_VERSION = 2
 RETIRE_WINDOW = 300.0
 PAUSED_UNTIL = 1e15
-"""The expiry of the pause row of `claims`: never (a claim token's expiry is a time)."""
+"""The expiry of the pause row of `claims`: far beyond any time, so pruning never drops it."""
 MAX_PRIORITY = 4
 QUEUE_NAME = re.compile(r"[a-z0-9_]{1,40}")
 
