@@ -1,4 +1,4 @@
-"""`python -m rqlite_queue`: the `rqlite-queue` command (needs the `cli` extra)."""
+"""`python -m rqlite_queue`: the `rqlite-queue` command."""
 
 import sys
 

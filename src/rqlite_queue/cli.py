@@ -1,6 +1,6 @@
 """The `rqlite-queue` command: publish, inspect, work and dead-letter from a shell.
 
-Needs the `cli` extra (`pip install 'rqlite-queue[cli]'`: click and rich). Every command takes
+Uses click and rich (dependencies of the package, for this module alone). Every command takes
 the queue from `--url` (or `$RQLITE_QUEUE_URL`) and `--queue`; payloads are JSON (the default
 codec). Errors print one `error: ...` line on stderr; the exit status is 1 for a queue error
 and 2 for bad usage."""
