@@ -3,11 +3,13 @@ SQLite and on a real 3-node rqlite cluster."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue as queue_module
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -716,6 +718,79 @@ def test_cluster_up_serves_until_sigint_and_leaves_no_process(tmp_path: Path) ->
     assert not [cmd for pid, cmd in after.items() if pid not in before and data_dir in cmd]
     assert not Path(data_dir).exists()
     assert "stopped" in (tmp_path / "up.err").read_text()
+
+
+def _free_port_run(count: int) -> int:
+    """The first of `count` consecutive ports free on 127.0.0.1 a moment ago."""
+    for _ in range(200):
+        first = free_port()
+        if first + count > 65535:
+            continue
+        try:
+            for port in range(first, first + count):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return first
+    raise AssertionError(f"no {count} consecutive free ports")
+
+
+@contextlib.contextmanager
+def _cluster_up(*args: str, err: Path) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """`rqlite-queue cluster up ARGS` until the test is done; yields its URL and process."""
+    assert EXE is not None
+    proc = subprocess.Popen(
+        [EXE, "cluster", "up", *args],
+        stdout=subprocess.PIPE,
+        stderr=err.open("w"),
+        text=True,
+        env=cli_env(),
+    )
+    try:
+        assert proc.stdout is not None
+        lines = _lines(proc.stdout)
+        deadline = time.monotonic() + 60
+        while True:
+            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            if line.startswith("use: --url "):
+                yield line.removeprefix("use: --url ").strip(), proc
+                break
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.mark.rqlite
+def test_cluster_up_on_a_data_dir_brings_the_same_queue_back(tmp_path: Path) -> None:
+    data = tmp_path / "dev-queue"
+    port = _free_port_run(6)
+    with _cluster_up(
+        "3", "--data-dir", str(data), "--http-port", str(port), err=tmp_path / "1"
+    ) as (
+        url,
+        proc,
+    ):
+        assert url == ",".join(f"http://127.0.0.1:{port + 2 * i}" for i in range(3))
+        assert run("--url", url, "publish", "g", '{"kept": true}').returncode == 0
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0
+    assert not [cmd for cmd in _rqlited_pids().values() if str(data) in cmd]
+    assert (data / "cluster.json").is_file()  # kept, with its ports
+    with _cluster_up("3", "--data-dir", str(data), err=tmp_path / "2") as (again, proc):
+        assert again == url
+        with Transport.from_url(again) as q:
+            assert [event for _, event in q.peek("g")] == [{"kept": True}]
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0
+    wrong = run("cluster", "up", "1", "--data-dir", str(data))
+    assert wrong.returncode == 1 and "3-node cluster, not 1" in one_error_line(wrong)
+    assert not [cmd for cmd in _rqlited_pids().values() if str(data) in cmd]
 
 
 def test_demo_passes_its_arguments_through(tmp_path: Path) -> None:

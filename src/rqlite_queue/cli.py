@@ -1076,13 +1076,24 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
 
 @cluster.command()
 @click.argument("n", type=click.IntRange(min=1), default=3)
-def up(n: int) -> int:
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Keep the nodes' data here (started again on it: the same cluster and queue).",
+)
+@click.option(
+    "--http-port",
+    type=click.IntRange(1, 65533),
+    help="Node 1's HTTP port; node i's is this + 2(i-1), its Raft port the one above.",
+)
+def up(n: int, data_dir: Path | None, http_port: int | None) -> int:
     """Start a local cluster of N rqlited nodes (default 3) until Ctrl-C.
 
     Uses the pinned rqlited binary ($RQLITED, or the one 'make rqlited' builds). The nodes
-    listen on 127.0.0.1 and keep their data in a temporary directory, removed when the
-    cluster stops; prints the --url to give the other commands."""
-    from .cluster import RQLITED_VERSION, Cluster, RqlitedNotFound, find_rqlited
+    listen on 127.0.0.1, on free ports unless --http-port, and keep their data in a temporary
+    directory removed when the cluster stops, unless --data-dir; prints the --url to give the
+    other commands."""
+    from .cluster import RQLITED_VERSION, Cluster, ClusterError, RqlitedNotFound, find_rqlited
 
     try:
         binary = find_rqlited()
@@ -1092,16 +1103,19 @@ def up(n: int) -> int:
     previous = {
         sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)
     }
-    local = Cluster(n, binary=binary)
+    local = Cluster(n, binary=binary, data_dir=data_dir, http_port=http_port)
     ready = False
     try:
         try:
-            local.start()
+            try:
+                local.start()
+            except ClusterError as exc:  # a port taken, a data dir of another size...
+                raise click.ClickException(str(exc)) from exc
             leader = local.leader()
             ready = True
+            kept = "kept" if data_dir is not None else "removed on stop"
             click.echo(
-                f"rqlite {RQLITED_VERSION}: {n}-node cluster up (data in {local.dir}, "
-                "removed on stop)"
+                f"rqlite {RQLITED_VERSION}: {n}-node cluster up (data in {local.dir}, {kept})"
             )
             for node in local.nodes:
                 role = "leader" if node is leader else "follower"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -541,10 +542,18 @@ class Cluster:
         auth: tuple[str, str] | None = None,
         hosts: Sequence[str] | None = None,
         wrappers: Sequence[Sequence[str]] | None = None,
+        data_dir: Path | str | None = None,
+        http_port: int | None = None,
     ) -> None:
         """`tls` and `auth` as for `Node` (a cluster with `-auth` must also let its nodes join:
         pass `-join-as USER` in `extra_args`); `hosts` and `wrappers`, one per node, are each
-        node's `host` and `wrapper` (default: all on 127.0.0.1, no wrapper)."""
+        node's `host` and `wrapper` (default: all on 127.0.0.1, no wrapper).
+
+        `data_dir`: the nodes keep their data there, and it is not removed on stop; a cluster
+        started again on it (same `n`) is the same cluster, with the same ports and the same
+        data (the ports are recorded in `cluster.json` inside). `http_port`: node i listens
+        for HTTP on `http_port + 2(i-1)` and for Raft on the port above (4001, 4002, 4003...,
+        as rqlite's own examples); by default ports are picked free."""
         if n < 1:
             raise ValueError("a cluster needs at least one node")
         if (hosts is not None and len(hosts) != n) or (wrappers is not None and len(wrappers) != n):
@@ -558,11 +567,36 @@ class Cluster:
         self.fast = fast
         self.tls = tls
         self.auth = auth
+        self.data_dir = Path(data_dir) if data_dir is not None else None
+        self.http_port = http_port
         self.dir: Path | None = None
         self.nodes: list[Node] = []
 
     def __repr__(self) -> str:
         return f"Cluster(n={self.n}, dir={self.dir}, nodes={self.nodes})"
+
+    def _ports(self) -> tuple[list[tuple[int | None, int | None]], bool]:
+        """Each node's (HTTP, Raft) ports (None: pick one), and whether the cluster exists
+        already in `data_dir` (a restart: every node starts at once, no join)."""
+        if self.data_dir is not None:
+            record = self.data_dir / "cluster.json"
+            if record.is_file():
+                known = json.loads(record.read_text())
+                if known.get("n") != self.n:
+                    raise ClusterError(
+                        f"{self.data_dir} holds a {known.get('n')}-node cluster, not {self.n}"
+                    )
+                return [(int(h), int(r)) for h, r in known["ports"]], True
+        if self.http_port is not None:
+            return [
+                (self.http_port + 2 * i, self.http_port + 2 * i + 1) for i in range(self.n)
+            ], False
+        return [(None, None)] * self.n, False
+
+    def _record(self) -> None:
+        if self.data_dir is not None:
+            ports = [[node.http_port, node.raft_port] for node in self.nodes]
+            (self.data_dir / "cluster.json").write_text(json.dumps({"n": self.n, "ports": ports}))
 
     def __enter__(self) -> Self:
         self.start()
@@ -605,44 +639,41 @@ class Cluster:
             raise ClusterError("a Cluster can be started only once; make a new one")
         binary = self.binary if self.binary is not None else find_rqlited()
         self.binary = binary
-        root = str(self.base_dir) if self.base_dir is not None else _default_tmp_root()
-        if self.base_dir is not None:
-            self.base_dir.mkdir(parents=True, exist_ok=True)
-        self.dir = Path(tempfile.mkdtemp(prefix="rqlite-queue-", dir=root))
-        with _registry_lock:
-            _live_dirs.add(self.dir)
+        ports, restart = self._ports()
+        if self.data_dir is not None:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            self.dir = self.data_dir
+        else:
+            root = str(self.base_dir) if self.base_dir is not None else _default_tmp_root()
+            if self.base_dir is not None:
+                self.base_dir.mkdir(parents=True, exist_ok=True)
+            self.dir = Path(tempfile.mkdtemp(prefix="rqlite-queue-", dir=root))
+            with _registry_lock:
+                _live_dirs.add(self.dir)
         args = (*FAST_RAFT_ARGS, *self.extra_args) if self.fast else self.extra_args
         try:
-            first = Node(
-                "n1",
-                self.dir / "n1",
-                binary=binary,
-                extra_args=args,
-                tls=self.tls,
-                auth=self.auth,
-                host=self.hosts[0],
-                wrapper=self.wrappers[0],
-            )
-            self.nodes.append(first)
-            first.start(timeout)
-            # Joining before node 1 has elected itself fails with "no leader" and the joiner
-            # then sleeps its -join-interval (3 s by default) before retrying.
-            self.wait_ready(timeout)
-            for i in range(2, self.n + 1):
+            for i in range(1, self.n + 1):
                 node = Node(
                     f"n{i}",
                     self.dir / f"n{i}",
                     binary=binary,
-                    join=first.raft_addr,
+                    join=None if i == 1 or restart else self.nodes[0].raft_addr,
                     extra_args=args,
                     tls=self.tls,
                     auth=self.auth,
                     host=self.hosts[i - 1],
                     wrapper=self.wrappers[i - 1],
+                    http_port=ports[i - 1][0],
+                    raft_port=ports[i - 1][1],
                 )
                 self.nodes.append(node)
                 node.start(timeout)
+                if i == 1 and not restart:
+                    # Joining before node 1 has elected itself fails with "no leader" and the
+                    # joiner then sleeps its -join-interval (3 s by default) before retrying.
+                    self.wait_ready(timeout)
             self.wait_ready(timeout)
+            self._record()
         except BaseException:
             self.stop()
             raise
@@ -672,7 +703,7 @@ class Cluster:
                 proc.wait()
         for node in self.nodes:
             node.paused = False
-        if self.dir is not None:
+        if self.dir is not None and self.data_dir is None:
             shutil.rmtree(self.dir, ignore_errors=True)
             with _registry_lock:
                 _live_dirs.discard(self.dir)
