@@ -111,3 +111,13 @@ def test_demo_interrupted_stops_its_cluster(rqlited_binary: str) -> None:
     assert proc.returncode == 130, rest
     assert "interrupted" in rest
     assert not left_behind(before)
+
+
+def test_demo_without_rqlited_says_so_and_never_falls_back_to_sqlite(tmp_path: Path) -> None:
+    env = dict(os.environ, RQLITED=str(tmp_path / "no-such-rqlited"))
+    result = run_demo("--groups", "2", "--messages", "1", env=env)
+    assert result.returncode == 2, result.stdout + result.stderr
+    output = result.stdout + result.stderr
+    assert "no usable rqlited" in output and "--backend sqlite" in output
+    assert "make rqlited" in output
+    assert "embedded SQLite" not in output and "result" not in output

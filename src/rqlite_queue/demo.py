@@ -14,8 +14,9 @@ Meanwhile the demo watches what the workers see (in-flight groups across threads
 of acks per group, who was served when) and ends with a report. It exits non-zero if order or
 exclusivity was violated or a message was lost.
 
-Backend: a local 3-node rqlite cluster when an rqlited binary is found (see `cluster.py`),
-else the embedded SQLite in a temp dir; `--backend` forces one, `--url` uses an existing one.
+Backend: a local 3-node rqlite cluster (see `cluster.py`); without a usable rqlited the demo
+says so, and how to get one, and stops: the embedded SQLite in a temp dir is the explicit
+choice `--backend sqlite`; `--url` uses an existing backend.
 """
 
 from __future__ import annotations
@@ -93,15 +94,7 @@ def open_backend(args: argparse.Namespace) -> Iterator[Backend]:
         queue = f"demo_{uuid.uuid4().hex[:8]}"
         yield Backend(f"{args.url} (given), queue {queue!r}", urls, queue, external=True)
         return
-    choice: str = args.backend
-    if choice == "auto":
-        try:
-            find_rqlited()
-            choice = "rqlite"
-        except RqlitedNotFound as exc:
-            log(f"no usable rqlited ({exc}); using the embedded SQLite backend")
-            choice = "sqlite"
-    if choice == "rqlite":
+    if args.backend == "rqlite":
         binary = find_rqlited()
         log(f"starting a local 3-node rqlite cluster (rqlited {RQLITED_VERSION})")
         started = time.monotonic()
@@ -573,9 +566,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--backend",
-        choices=["auto", "sqlite", "rqlite"],
-        default="auto",
-        help="auto: a local 3-node rqlite cluster if rqlited is found, else SQLite",
+        choices=["rqlite", "sqlite"],
+        default="rqlite",
+        help="rqlite (default): a local 3-node cluster; sqlite: the embedded queue",
     )
     p.add_argument("--url", help="use an existing backend (sqlite:///path or http://h:p,...)")
     p.add_argument("--groups", type=int, default=40, help="groups (default 40)")
@@ -610,7 +603,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         log("interrupted")
         return 130
     except RqlitedNotFound as exc:
-        log(f"error: {exc}")
+        log(f"error: no usable rqlited for the demo's cluster: {exc}")
+        log(
+            "  `make rqlited` builds one (needs Go and gcc), or set RQLITED to an rqlited "
+            f"{RQLITED_VERSION} binary; or run the demo on the embedded queue: --backend sqlite"
+        )
         return 2
 
 
