@@ -671,55 +671,6 @@ def _lines(stream: IO[str]) -> queue_module.Queue[str]:
     return lines
 
 
-@pytest.mark.rqlite
-def test_cluster_up_serves_until_sigint_and_leaves_no_process(tmp_path: Path) -> None:
-    assert EXE is not None
-    before = _rqlited_pids()
-    proc = subprocess.Popen(
-        [EXE, "cluster", "up", "1"],
-        stdout=subprocess.PIPE,
-        stderr=(tmp_path / "up.err").open("w"),
-        text=True,
-        env=cli_env(),
-    )
-    try:
-        assert proc.stdout is not None
-        lines = _lines(proc.stdout)
-        printed: list[str] = []
-        url = None
-        deadline = time.monotonic() + 60
-        while url is None:
-            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
-            printed.append(line)
-            if line.startswith("use: --url "):
-                url = line.removeprefix("use: --url ").strip()
-        data_dir = printed[0].split("data in ", 1)[1].split(",", 1)[0]
-        ours = {pid for pid, cmd in _rqlited_pids().items() if data_dir in cmd}
-        assert len(ours) == 1 and not ours & set(before)
-
-        queue = f"cli_{uuid.uuid4().hex[:8]}"
-        published = run("--url", url, "--queue", queue, "publish", "g", '{"hello": "cluster"}')
-        assert published.returncode == 0, published.stderr
-        with Transport.from_url(url, queue=queue) as q:
-            assert [event for _, event in q.peek("g")] == [{"hello": "cluster"}]
-
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(30) == 0, (tmp_path / "up.err").read_text()
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-    after = _rqlited_pids()
-    assert not ours & set(after), "the cluster's rqlited is still running"
-    assert not [cmd for pid, cmd in after.items() if pid not in before and data_dir in cmd]
-    assert not Path(data_dir).exists()
-    assert "stopped" in (tmp_path / "up.err").read_text()
-
-
 def _free_port_run(count: int) -> int:
     """The first of `count` consecutive ports free on 127.0.0.1 a moment ago."""
     for _ in range(200):
@@ -736,9 +687,17 @@ def _free_port_run(count: int) -> int:
     raise AssertionError(f"no {count} consecutive free ports")
 
 
+@dataclass
+class _Up:
+    url: str
+    proc: subprocess.Popen[str]
+    printed: list[str]
+    """What it printed up to the URL."""
+
+
 @contextlib.contextmanager
-def _cluster_up(*args: str, err: Path) -> Iterator[tuple[str, subprocess.Popen[str]]]:
-    """`rqlite-queue cluster up ARGS` until the test is done; yields its URL and process."""
+def _cluster_up(*args: str, err: Path) -> Iterator[_Up]:
+    """`rqlite-queue cluster up ARGS` until the test is done (SIGINT, then SIGKILL)."""
     assert EXE is not None
     proc = subprocess.Popen(
         [EXE, "cluster", "up", *args],
@@ -750,12 +709,11 @@ def _cluster_up(*args: str, err: Path) -> Iterator[tuple[str, subprocess.Popen[s
     try:
         assert proc.stdout is not None
         lines = _lines(proc.stdout)
+        printed: list[str] = []
         deadline = time.monotonic() + 60
-        while True:
-            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
-            if line.startswith("use: --url "):
-                yield line.removeprefix("use: --url ").strip(), proc
-                break
+        while not printed or not printed[-1].startswith("use: --url "):
+            printed.append(lines.get(timeout=max(0.1, deadline - time.monotonic())))
+        yield _Up(printed[-1].removeprefix("use: --url ").strip(), proc, printed)
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
@@ -767,27 +725,48 @@ def _cluster_up(*args: str, err: Path) -> Iterator[tuple[str, subprocess.Popen[s
 
 
 @pytest.mark.rqlite
+def test_cluster_up_serves_until_sigint_and_leaves_no_process(tmp_path: Path) -> None:
+    before = _rqlited_pids()
+    with _cluster_up("1", err=tmp_path / "up.err") as up:
+        data_dir = up.printed[0].split("data in ", 1)[1].split(",", 1)[0]
+        ours = {pid for pid, cmd in _rqlited_pids().items() if data_dir in cmd}
+        assert len(ours) == 1 and not ours & set(before)
+
+        queue = f"cli_{uuid.uuid4().hex[:8]}"
+        published = run("--url", up.url, "--queue", queue, "publish", "g", '{"hello": "cluster"}')
+        assert published.returncode == 0, published.stderr
+        with Transport.from_url(up.url, queue=queue) as q:
+            assert [event for _, event in q.peek("g")] == [{"hello": "cluster"}]
+
+        up.proc.send_signal(signal.SIGINT)
+        assert up.proc.wait(30) == 0, (tmp_path / "up.err").read_text()
+    after = _rqlited_pids()
+    assert not ours & set(after), "the cluster's rqlited is still running"
+    assert not [cmd for pid, cmd in after.items() if pid not in before and data_dir in cmd]
+    assert not Path(data_dir).exists()
+    assert "stopped" in (tmp_path / "up.err").read_text()
+
+
+@pytest.mark.rqlite
 def test_cluster_up_on_a_data_dir_brings_the_same_queue_back(tmp_path: Path) -> None:
     data = tmp_path / "dev-queue"
     port = _free_port_run(6)
     with _cluster_up(
         "3", "--data-dir", str(data), "--http-port", str(port), err=tmp_path / "1"
-    ) as (
-        url,
-        proc,
-    ):
+    ) as up:
+        url = up.url
         assert url == ",".join(f"http://127.0.0.1:{port + 2 * i}" for i in range(3))
         assert run("--url", url, "publish", "g", '{"kept": true}').returncode == 0
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(30) == 0
+        up.proc.send_signal(signal.SIGINT)
+        assert up.proc.wait(30) == 0
     assert not [cmd for cmd in _rqlited_pids().values() if str(data) in cmd]
     assert (data / "cluster.json").is_file()  # kept, with its ports
-    with _cluster_up("3", "--data-dir", str(data), err=tmp_path / "2") as (again, proc):
-        assert again == url
-        with Transport.from_url(again) as q:
+    with _cluster_up("3", "--data-dir", str(data), err=tmp_path / "2") as again:
+        assert again.url == url
+        with Transport.from_url(again.url) as q:
             assert [event for _, event in q.peek("g")] == [{"kept": True}]
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(30) == 0
+        again.proc.send_signal(signal.SIGINT)
+        assert again.proc.wait(30) == 0
     wrong = run("cluster", "up", "1", "--data-dir", str(data))
     assert wrong.returncode == 1 and "3-node cluster, not 1" in one_error_line(wrong)
     assert not [cmd for cmd in _rqlited_pids().values() if str(data) in cmd]
