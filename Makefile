@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: screenshots setup rqlited browser test lint typecheck unit unit-fast docs demo bench chaos generate clean
+.PHONY: screenshots setup rqlited browser test test-install lint typecheck unit unit-fast docs demo bench chaos generate clean
 
 setup: $(STAMP) rqlited browser
 
@@ -18,9 +18,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-# Builds rqlited v8.43.4 into the user cache when missing (see scripts/build-rqlited).
-rqlited:
-	@scripts/build-rqlited >/dev/null
+# A usable rqlited: $$RQLITED, the user cache or PATH, else built from rqlite's Go module into
+# the cache. The same code path as a user's `rqlite-queue rqlited` (src/rqlite_queue/rqlited.py).
+RQLITED_PATH = $$($(BIN)/rqlite-queue rqlited)
+
+rqlited: $(STAMP)
+	@$(BIN)/rqlite-queue rqlited >/dev/null
 
 generate: $(STAMP)
 	$(BIN)/python scripts/gen_sync.py
@@ -33,7 +36,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 unit: setup
-	RQLITED="$$(scripts/build-rqlited)" $(BIN)/pytest -q $(PYTEST_ARGS)
+	RQLITED="$(RQLITED_PATH)" $(BIN)/pytest -q $(PYTEST_ARGS)
 
 # Seconds, without Go or rqlited: the pure core on canned results, the embedded backend.
 unit-fast: $(STAMP)
@@ -43,10 +46,16 @@ unit-fast: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
-test: setup lint typecheck docs unit
+# The slow path of a new user: the wheel into a fresh virtualenv with an empty HOME, rqlited
+# found or built by the installed command, a kept cluster, the demo, a user's tests on the
+# plugin's fixtures (tests/install, about two minutes).
+test-install: setup
+	RQLITED="$(RQLITED_PATH)" $(BIN)/pytest -q -m slow tests/install $(PYTEST_ARGS)
+
+test: setup lint typecheck docs unit test-install
 
 demo: setup
-	RQLITED="$$(scripts/build-rqlited)" $(BIN)/python -m rqlite_queue.demo $(DEMO_ARGS)
+	RQLITED="$(RQLITED_PATH)" $(BIN)/python -m rqlite_queue.demo $(DEMO_ARGS)
 
 BENCH_STAMP := $(VENV)/.bench-installed
 
@@ -57,18 +66,18 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml
 # Quick (a few minutes): `make bench`; 1M-message backlogs: `make bench FULL=1`.
 # Tables in bench/results/latest.md, plots beside it; see BENCHMARKS.md.
 bench: setup $(BENCH_STAMP)
-	RQLITED="$$(scripts/build-rqlited)" $(BIN)/python bench/run.py $(if $(FULL),--full,) $(BENCH_ARGS)
+	RQLITED="$(RQLITED_PATH)" $(BIN)/python bench/run.py $(if $(FULL),--full,) $(BENCH_ARGS)
 
 # The long chaos run (a short one is part of `make test`); writes docs/reliability.md.
 # Its network partitions need root, iproute2 and iptables (scripts/chaos-deps installs the
 # tools when missing); without them the partitions are skipped with one printed line.
 chaos: setup
 	scripts/chaos-deps
-	RQLITED="$$(scripts/build-rqlited)" $(BIN)/pytest -q -s -m slow tests/chaos $(PYTEST_ARGS)
+	RQLITED="$(RQLITED_PATH)" $(BIN)/pytest -q -s -m slow tests/chaos $(PYTEST_ARGS)
 
 # The dashboard's pictures in docs/img/, taken by its browser tests.
 screenshots: setup
-	RQLITE_QUEUE_SCREENSHOTS=1 RQLITED="$$(scripts/build-rqlited)" $(BIN)/pytest -q tests/test_dashboard.py -k "overview or groups_page or through_the_ui or schedules"
+	RQLITE_QUEUE_SCREENSHOTS=1 RQLITED="$(RQLITED_PATH)" $(BIN)/pytest -q tests/test_dashboard.py -k "overview or groups_page or through_the_ui or schedules"
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -23,7 +23,7 @@ import httpx
 from systems import RqliteAdmin, build_ours, reset_ours
 
 from rqlite_queue import RqliteTransport
-from rqlite_queue.cluster import Cluster
+from rqlite_queue.testing import Cluster
 
 QUEUE = "dash"
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -2,7 +2,7 @@
 
     python bench/harel_bench.py [--quick] [--executions N] [--repeats R] [--workers 1,8]
 
-One freshly started local 3-node rqlite cluster (`rqlite_queue.cluster.Cluster`) serves both
+One freshly started local 3-node rqlite cluster (`rqlite_queue.testing.Cluster`) serves both
 transports. The workload is the same for both: N executions of a small flat machine
 (S0 -Go-> S1 -Go-> S2 -Go-> Done), each with its `Start` and three `Go` events already queued,
 so 4 events per execution. The timed window is harel's own worker loop (`Worker.run`) draining
@@ -50,7 +50,8 @@ from harel.engine.schema import Names
 from harel.engine.transport import RqliteTransport as HarelRqliteTransport
 
 from rqlite_queue import RqliteTransport
-from rqlite_queue.cluster import RQLITED_VERSION, Cluster
+from rqlite_queue.rqlited import find_rqlited
+from rqlite_queue.testing import Cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "harel.md"
@@ -242,7 +243,7 @@ def versions() -> str:
 
     return (
         f"harel {v('harel')}, rqlite-queue {v('rqlite-queue')}, urllib3 {v('urllib3')}, "
-        f"requests {v('requests')}, rqlited {RQLITED_VERSION}"
+        f"requests {v('requests')}, rqlited {find_rqlited().label}"
     )
 
 

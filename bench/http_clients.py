@@ -53,7 +53,7 @@ import httpx
 import urllib3
 
 if TYPE_CHECKING:
-    from rqlite_queue.cluster import Cluster
+    from rqlite_queue.testing import Cluster
 
 RESULTS = Path(__file__).resolve().parent / "results" / "http_clients.md"
 TIMEOUT = 10.0
@@ -648,9 +648,9 @@ def repetition(run: Run, rep: int, shape: Shape, target: Target) -> None:
 def bench_shape(run: Run, shape: Shape, syscalls: bool) -> None:
     """All repetitions of one shape, on a cluster of its own: 20 KB Raft entries make every
     later write on the same cluster dearer, so the shapes must not share one."""
-    from rqlite_queue.cluster import Cluster, find_rqlited
+    from rqlite_queue.testing import Cluster, rqlited_path
 
-    with Cluster(3, binary=find_rqlited(), fast=False) as cluster:
+    with Cluster(3, binary=rqlited_path(), fast=False) as cluster:
         cluster.wait_ready()
         pids = [node.pid for node in cluster.nodes if node.pid is not None]
         target = Target(cluster, pids)
@@ -851,11 +851,11 @@ def machine(run: Run) -> list[str]:
 
 
 def versions() -> str:
-    from rqlite_queue.cluster import find_rqlited
+    from rqlite_queue.testing import rqlited_path
 
     found = [f"{name} {importlib.metadata.version(name)}" for name in LIBRARIES]
     parser = aiohttp.http_parser.HttpResponseParser.__module__
-    out = subprocess.run([find_rqlited(), "-version"], capture_output=True, text=True, check=False)
+    out = subprocess.run([rqlited_path(), "-version"], capture_output=True, text=True, check=False)
     rqlited = (out.stdout + out.stderr).strip().splitlines()[0]
     return (
         f"- libraries: {', '.join(found)}, http.client (stdlib); aiohttp response parser: "

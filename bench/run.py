@@ -43,7 +43,8 @@ from rqlite_queue import (
     RqliteTransport,
     SqliteTransport,
 )
-from rqlite_queue.cluster import RQLITED_VERSION, Cluster, live_pids
+from rqlite_queue.rqlited import find_rqlited
+from rqlite_queue.testing import Cluster, live_pids
 
 RESULTS = Path(__file__).resolve().parent / "results"
 RQLITE_WORKLOADS = (
@@ -101,7 +102,7 @@ def machine(full: bool, argv: list[str]) -> dict[str, str]:
         "machine": f"nproc {os.cpu_count()}, MemTotal {mem}, {cpu}",
         "load average at start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
         "software": f"Python {platform.python_version()}, SQLite {sqlite3.sqlite_version}, "
-        f"rqlited {RQLITED_VERSION} (3 nodes, data on /dev/shm, default Raft timeouts)",
+        f"rqlited {find_rqlited().label} (3 nodes, data on /dev/shm, default Raft timeouts)",
         "commit": f"{commit} (plus the working tree)",
         "mode": "FULL" if full else "quick",
     }

@@ -10,13 +10,11 @@ import pytest
 import trustme
 
 from rqlite_queue import AuthError, RqliteTransport, Transport, Unavailable
-from rqlite_queue.cluster import Cluster
+from rqlite_queue.testing import Cluster
 
 
 @pytest.fixture(scope="module")
-def auth_cluster(
-    rqlited_binary: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Cluster]:
+def auth_cluster(rqlited_path: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     users = tmp_path_factory.mktemp("auth") / "users.json"
     users.write_text(
         json.dumps(
@@ -28,12 +26,12 @@ def auth_cluster(
             ]
         )
     )
-    with Cluster(1, binary=rqlited_binary, extra_args=["-auth", str(users)]) as cluster:
+    with Cluster(1, binary=rqlited_path, extra_args=["-auth", str(users)]) as cluster:
         yield cluster
 
 
 @pytest.fixture(scope="module")
-def tls_cluster(rqlited_binary: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def tls_cluster(rqlited_path: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     ca = trustme.CA()
     cert = ca.issue_cert("127.0.0.1", "localhost")
     d = tmp_path_factory.mktemp("tls")
@@ -41,7 +39,7 @@ def tls_cluster(rqlited_binary: str, tmp_path_factory: pytest.TempPathFactory) -
     cert.cert_chain_pems[0].write_to_path(str(d / "cert.pem"))
     ca.cert_pem.write_to_path(str(d / "ca.pem"))
     tls = (str(d / "cert.pem"), str(d / "key.pem"), str(d / "ca.pem"))
-    with Cluster(3, binary=rqlited_binary, tls=tls) as cluster:
+    with Cluster(3, binary=rqlited_path, tls=tls) as cluster:
         yield cluster
 
 

@@ -24,13 +24,12 @@ import httpx
 import pytest
 
 from rqlite_queue import LeaseLost, Transport
-from rqlite_queue.cluster import Cluster, free_port
 from rqlite_queue.sql import Batch, Statement
+from rqlite_queue.testing import Cluster, free_port
 
 BIN = Path(sys.executable).parent
 EXE = shutil.which("rqlite-queue", path=str(BIN))
 DOCS = Path(__file__).resolve().parent.parent / "docs"
-BENCH = DOCS.parent / "bench" / "run.py"
 
 pytestmark = pytest.mark.skipif(
     EXE is None, reason="rqlite-queue not installed: .venv/bin/pip install -e '.[dev]'"
@@ -62,8 +61,8 @@ COMMANDS = [
     ["scheduler"],
     ["cluster"],
     ["cluster", "up"],
+    ["rqlited"],
     ["demo"],
-    ["bench"],
 ]
 
 
@@ -126,13 +125,13 @@ def target(request: pytest.FixtureRequest, tmp_path: Path) -> Target:
     queue = f"cli_{uuid.uuid4().hex[:8]}"
     if request.param == "sqlite":
         return Target(f"sqlite:///{tmp_path}/q.db", queue)
-    cluster: Cluster = request.getfixturevalue("cluster3")
+    cluster: Cluster = request.getfixturevalue("rqlite_cluster3")
     return Target(cluster.url, queue)
 
 
 @pytest.fixture
-def rqlite_target(cluster3: Cluster) -> Target:
-    return Target(cluster3.url, f"cli_{uuid.uuid4().hex[:8]}")
+def rqlite_target(rqlite_cluster3: Cluster) -> Target:
+    return Target(rqlite_cluster3.url, f"cli_{uuid.uuid4().hex[:8]}")
 
 
 @pytest.fixture
@@ -275,13 +274,11 @@ def test_errors_are_one_line_with_a_nonzero_status(sqlite_target: Target, tmp_pa
 
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: "-".join(c) or "top")
 def test_every_command_has_help(command: list[str]) -> None:
-    if command == ["bench"] and not BENCH.is_file():
-        pytest.skip("no bench/run.py in this checkout (see test_bench_runs_the_checkouts_script)")
     result = run(*command, "--help")
     assert result.returncode == 0, result.stderr
     assert "usage:" in result.stdout.lower()
-    if command in (["demo"], ["bench"]):
-        return  # passed through to the demo's and the benchmark's own argument parsers
+    if command == ["demo"]:
+        return  # passed through to the demo's own argument parser
     assert result.stdout.startswith(f"Usage: rqlite-queue {' '.join(command)}".rstrip())
     if command:
         assert f"## `{' '.join(command)}`" in (DOCS / "cli.md").read_text()
@@ -792,17 +789,7 @@ def test_demo_passes_its_arguments_through(tmp_path: Path) -> None:
     assert "result" in result.stdout and "OK" in result.stdout
 
 
-def test_bench_runs_the_checkouts_script() -> None:
-    if not BENCH.is_file():
-        missing = run("bench")
-        assert missing.returncode == 1
-        assert "source checkout" in one_error_line(missing)
-        return
-    direct = subprocess.run(
-        [sys.executable, str(BENCH), "--help"],
-        capture_output=True,
-        text=True,
-        env=cli_env(),
-    )
-    via_cli = run("bench", "--help")
-    assert (via_cli.returncode, via_cli.stdout) == (direct.returncode, direct.stdout)
+def test_bench_is_a_command_of_the_checkout_not_of_the_package() -> None:
+    result = run("bench")
+    assert result.returncode == 2
+    assert "No such command 'bench'" in one_error_line(result)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import pytest
 
 from rqlite_queue import ClockSkew, RqliteTransport
-from rqlite_queue.cluster import Cluster
+from rqlite_queue.testing import Cluster
 
 
 def skewed(seconds: float) -> Callable[[], float]:
@@ -26,9 +26,9 @@ def queue() -> str:
 
 @pytest.mark.parametrize("skew", [-5.0, 5.0])
 def test_a_lease_is_refused_when_the_clock_is_off_by_more_than_a_quarter_of_it(
-    cluster3: Cluster, queue: str, skew: float, caplog: pytest.LogCaptureFixture
+    rqlite_cluster3: Cluster, queue: str, skew: float, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with RqliteTransport(cluster3.url, clock=skewed(skew), queue=queue) as q:
+    with RqliteTransport(rqlite_cluster3.url, clock=skewed(skew), queue=queue) as q:
         with caplog.at_level(logging.WARNING, logger="rqlite_queue"):
             q.publish("g", 1)  # the first replies measure the skew
         assert "behind" in caplog.text if skew > 0 else "ahead of" in caplog.text
@@ -43,17 +43,17 @@ def test_a_lease_is_refused_when_the_clock_is_off_by_more_than_a_quarter_of_it(
         q.ack(lease)
 
 
-def test_the_allowed_skew_is_configurable(cluster3: Cluster, queue: str) -> None:
-    with RqliteTransport(cluster3.url, clock=skewed(-5), queue=queue, max_skew=0.9) as q:
+def test_the_allowed_skew_is_configurable(rqlite_cluster3: Cluster, queue: str) -> None:
+    with RqliteTransport(rqlite_cluster3.url, clock=skewed(-5), queue=queue, max_skew=0.9) as q:
         q.publish("g", 1)
         assert q.claim("w", 10) is not None
 
 
 def test_a_publisher_whose_clock_runs_ahead_does_not_forget_the_others_dedup_ids(
-    cluster3: Cluster, queue: str
+    rqlite_cluster3: Cluster, queue: str
 ) -> None:
-    honest = RqliteTransport(cluster3.url, queue=queue)
-    ahead = RqliteTransport(cluster3.url, clock=skewed(400), queue=queue)
+    honest = RqliteTransport(rqlite_cluster3.url, queue=queue)
+    ahead = RqliteTransport(rqlite_cluster3.url, clock=skewed(400), queue=queue)
     first = honest.publish("g", "pay order 42", dedup_id="order-42/pay")
     ahead._core.chance = lambda: 0.0  # this publish prunes expired dedup ids
     ahead.publish("h", "other", dedup_id="order-7/pay")

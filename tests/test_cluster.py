@@ -1,15 +1,12 @@
 """Tests of the cluster harness against real rqlited processes (no mocks).
 
-Fault tests (kill, pause, restart) use their own clusters from `make_cluster`, never the shared
-session clusters.
+Fault tests (kill, pause, restart) use their own clusters from `rqlite_cluster_factory`, never
+the shared session clusters.
 """
 
 from __future__ import annotations
 
-import os
-import re
 import socket
-import stat
 import time
 import uuid
 from collections.abc import Callable
@@ -19,14 +16,11 @@ from typing import Any
 import httpx
 import pytest
 
-from rqlite_queue.cluster import (
-    RQLITED_VERSION,
+from rqlite_queue.testing import (
     Cluster,
     Node,
     NodeStartError,
     PortInUse,
-    RqlitedNotFound,
-    find_rqlited,
     live_pids,
 )
 
@@ -97,44 +91,46 @@ def create_table(node: Node, table: str) -> None:
 # Healthy cluster (shared session cluster)
 
 
-def test_three_nodes_elect_one_leader(cluster3: Cluster) -> None:
-    leader = cluster3.leader()
-    followers = cluster3.followers()
-    assert leader in cluster3.nodes
+def test_three_nodes_elect_one_leader(rqlite_cluster3: Cluster) -> None:
+    leader = rqlite_cluster3.leader()
+    followers = rqlite_cluster3.followers()
+    assert leader in rqlite_cluster3.nodes
     assert len(followers) == 2
     assert leader not in followers
-    assert {leader, *followers} == set(cluster3.nodes)
-    assert {n.node_id for n in cluster3.nodes} == {"n1", "n2", "n3"}
+    assert {leader, *followers} == set(rqlite_cluster3.nodes)
+    assert {n.node_id for n in rqlite_cluster3.nodes} == {"n1", "n2", "n3"}
     # Every node agrees, via rqlite's own view of the cluster.
-    for node in cluster3.nodes:
+    for node in rqlite_cluster3.nodes:
         assert node.status()["store"]["leader"]["node_id"] == leader.node_id
         assert node.is_ready()
 
 
-def test_addresses(cluster3: Cluster) -> None:
-    assert cluster3.urls == [n.http_url for n in cluster3.nodes]
-    assert cluster3.url == ",".join(cluster3.urls)
-    assert all(u.startswith("http://127.0.0.1:") for u in cluster3.urls)
-    ports = {n.http_port for n in cluster3.nodes} | {n.raft_port for n in cluster3.nodes}
+def test_addresses(rqlite_cluster3: Cluster) -> None:
+    assert rqlite_cluster3.urls == [n.http_url for n in rqlite_cluster3.nodes]
+    assert rqlite_cluster3.url == ",".join(rqlite_cluster3.urls)
+    assert all(u.startswith("http://127.0.0.1:") for u in rqlite_cluster3.urls)
+    ports = {n.http_port for n in rqlite_cluster3.nodes} | {
+        n.raft_port for n in rqlite_cluster3.nodes
+    }
     assert len(ports) == 6
-    nodes = httpx.get(f"{cluster3.nodes[0].http_url}/nodes?ver=2", trust_env=False).json()
+    nodes = httpx.get(f"{rqlite_cluster3.nodes[0].http_url}/nodes?ver=2", trust_env=False).json()
     by_id = {n["id"]: n for n in nodes["nodes"]}
-    for node in cluster3.nodes:
+    for node in rqlite_cluster3.nodes:
         assert by_id[node.node_id]["api_addr"] == node.http_url
         assert by_id[node.node_id]["addr"] == node.raft_addr
 
 
-def test_single_node_cluster(cluster1: Cluster) -> None:
-    assert cluster1.leader() is cluster1.nodes[0]
-    assert cluster1.followers() == []
+def test_single_node_cluster(rqlite_cluster: Cluster) -> None:
+    assert rqlite_cluster.leader() is rqlite_cluster.nodes[0]
+    assert rqlite_cluster.followers() == []
     table = table_name()
-    create_table(cluster1.nodes[0], table)
-    execute(cluster1.nodes[0], [[f"INSERT INTO {table} (id, v) VALUES (?, ?)", 1, "a"]])
-    assert query_local(cluster1.nodes[0], f"SELECT id, v FROM {table}") == [[1, "a"]]
+    create_table(rqlite_cluster.nodes[0], table)
+    execute(rqlite_cluster.nodes[0], [[f"INSERT INTO {table} (id, v) VALUES (?, ?)", 1, "a"]])
+    assert query_local(rqlite_cluster.nodes[0], f"SELECT id, v FROM {table}") == [[1, "a"]]
 
 
-def test_write_to_follower_replicates_everywhere(cluster3: Cluster) -> None:
-    follower = cluster3.followers()[0]
+def test_write_to_follower_replicates_everywhere(rqlite_cluster3: Cluster) -> None:
+    follower = rqlite_cluster3.followers()[0]
     table = table_name()
     execute(
         follower,
@@ -143,7 +139,7 @@ def test_write_to_follower_replicates_everywhere(cluster3: Cluster) -> None:
             [f"INSERT INTO {table} (id, v) VALUES (?, ?)", 1, "from-follower"],
         ],
     )
-    for node in cluster3.nodes:
+    for node in rqlite_cluster3.nodes:
         wait_rows(node, table, [[1, "from-follower"]])
 
 
@@ -151,8 +147,8 @@ def test_write_to_follower_replicates_everywhere(cluster3: Cluster) -> None:
 # Faults (private clusters)
 
 
-def test_leader_kill_failover_and_restart(make_cluster: Callable[..., Cluster]) -> None:
-    cluster = make_cluster(3)
+def test_leader_kill_failover_and_restart(rqlite_cluster_factory: Callable[..., Cluster]) -> None:
+    cluster = rqlite_cluster_factory(3)
     old = cluster.leader()
     table = table_name()
     create_table(old, table)
@@ -186,8 +182,8 @@ def test_leader_kill_failover_and_restart(make_cluster: Callable[..., Cluster]) 
     assert old in cluster.followers()
 
 
-def test_paused_follower_catches_up(make_cluster: Callable[..., Cluster]) -> None:
-    cluster = make_cluster(3)
+def test_paused_follower_catches_up(rqlite_cluster_factory: Callable[..., Cluster]) -> None:
+    cluster = rqlite_cluster_factory(3)
     leader = cluster.leader()
     follower = cluster.followers()[0]
     table = table_name()
@@ -213,9 +209,9 @@ def test_paused_follower_catches_up(make_cluster: Callable[..., Cluster]) -> Non
 # No leaks, start failures, binary lookup
 
 
-def test_stop_leaves_no_process(rqlited_binary: str) -> None:
+def test_stop_leaves_no_process(rqlited_path: str) -> None:
     before = live_pids()
-    cluster = Cluster(3, binary=rqlited_binary)
+    cluster = Cluster(3, binary=rqlited_path)
     with cluster:
         procs = [n.process for n in cluster.nodes]
         pids = {p.pid for p in procs if p is not None}
@@ -233,13 +229,13 @@ def test_stop_leaves_no_process(rqlited_binary: str) -> None:
     assert not cluster.dir.exists()
 
 
-def test_failed_start_stops_what_it_started(rqlited_binary: str, tmp_path: Path) -> None:
+def test_failed_start_stops_what_it_started(rqlited_path: str, tmp_path: Path) -> None:
     before = live_pids()
     # hashicorp/raft refuses a leader lease longer than the heartbeat timeout (200ms when fast);
     # the later flag wins, so node 1 starts its HTTP server and then exits at store open.
     cluster = Cluster(
         3,
-        binary=rqlited_binary,
+        binary=rqlited_path,
         base_dir=tmp_path,
         extra_args=("-raft-leader-lease-timeout", "300ms"),
     )
@@ -250,8 +246,8 @@ def test_failed_start_stops_what_it_started(rqlited_binary: str, tmp_path: Path)
     assert list(tmp_path.iterdir()) == []
 
 
-def test_port_clash_is_retried_with_new_ports(rqlited_binary: str, tmp_path: Path) -> None:
-    node = Node("n1", tmp_path / "n1", binary=rqlited_binary)
+def test_port_clash_is_retried_with_new_ports(rqlited_path: str, tmp_path: Path) -> None:
+    node = Node("n1", tmp_path / "n1", binary=rqlited_path)
     squatter = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         squatter.bind(("127.0.0.1", node.raft_port))
@@ -266,34 +262,12 @@ def test_port_clash_is_retried_with_new_ports(rqlited_binary: str, tmp_path: Pat
     assert not node.is_running
 
 
-def test_explicit_port_clash_raises(rqlited_binary: str, tmp_path: Path) -> None:
+def test_explicit_port_clash_raises(rqlited_path: str, tmp_path: Path) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as squatter:
         squatter.bind(("127.0.0.1", 0))
         squatter.listen()
         port = squatter.getsockname()[1]
-        node = Node("n1", tmp_path / "n1", binary=rqlited_binary, http_port=port)
+        node = Node("n1", tmp_path / "n1", binary=rqlited_path, http_port=port)
         with pytest.raises(PortInUse):
             node.start()
     assert not node.is_running
-
-
-def test_find_rqlited(rqlited_binary: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("RQLITED", rqlited_binary)
-    assert find_rqlited() == rqlited_binary
-
-    monkeypatch.setenv("RQLITED", str(tmp_path / "missing"))
-    with pytest.raises(RqlitedNotFound, match="build-rqlited"):
-        find_rqlited()
-
-    fake = tmp_path / "rqlited"
-    fake.write_text("#!/bin/sh\necho rqlited v7.0.0\n")
-    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
-    monkeypatch.setenv("RQLITED", str(fake))
-    with pytest.raises(RqlitedNotFound, match=re.escape(RQLITED_VERSION)):
-        find_rqlited()
-
-    monkeypatch.delenv("RQLITED")
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "empty-cache"))
-    monkeypatch.delenv("RQLITE_QUEUE_CACHE", raising=False)
-    with pytest.raises(RqlitedNotFound, match=re.escape(os.fspath(tmp_path / "empty-cache"))):
-        find_rqlited()

@@ -27,7 +27,7 @@ import httpx
 import pytest
 
 from rqlite_queue import Lease, LeaseLost, Transport
-from rqlite_queue.cluster import Cluster
+from rqlite_queue.testing import Cluster
 
 pytest.importorskip("starlette", reason="the dashboard extra is not installed")
 
@@ -88,8 +88,8 @@ def queue_name() -> str:
 
 
 @pytest.fixture
-def q(cluster3: Cluster, queue_name: str) -> Iterator[Transport]:
-    transport = Transport.from_url(cluster3.url, queue=queue_name)
+def q(rqlite_cluster3: Cluster, queue_name: str) -> Iterator[Transport]:
+    transport = Transport.from_url(rqlite_cluster3.url, queue=queue_name)
     yield transport
     transport.close()
 
@@ -127,11 +127,11 @@ def snapshot(q: Transport) -> tuple[Any, ...]:
 
 
 def test_read_only_by_default_and_a_forged_post_changes_nothing(
-    cluster3: Cluster, queue_name: str, q: Transport
+    rqlite_cluster3: Cluster, queue_name: str, q: Transport
 ) -> None:
     a_busy_queue(q)
     before = snapshot(q)
-    with dashboard(cluster3.url, queue_name) as base, httpx.Client(base_url=base) as http:
+    with dashboard(rqlite_cluster3.url, queue_name) as base, httpx.Client(base_url=base) as http:
         page = http.get("/group", params={"id": "order-1"})
         assert page.status_code == 200
         assert "data-action" not in page.text and 'name="csrf"' not in page.text
@@ -148,12 +148,12 @@ def test_read_only_by_default_and_a_forged_post_changes_nothing(
 
 
 def test_a_post_without_the_csrf_token_is_refused(
-    cluster3: Cluster, queue_name: str, q: Transport
+    rqlite_cluster3: Cluster, queue_name: str, q: Transport
 ) -> None:
     a_busy_queue(q)
     before = snapshot(q)
     with (
-        dashboard(cluster3.url, queue_name, "--allow-actions") as base,
+        dashboard(rqlite_cluster3.url, queue_name, "--allow-actions") as base,
         httpx.Client(base_url=base) as http,
     ):
         page = http.get("/dead")
@@ -169,10 +169,12 @@ def test_a_post_without_the_csrf_token_is_refused(
     q.resume()
 
 
-def test_payloads_and_reasons_are_escaped(cluster3: Cluster, queue_name: str, q: Transport) -> None:
+def test_payloads_and_reasons_are_escaped(
+    rqlite_cluster3: Cluster, queue_name: str, q: Transport
+) -> None:
     a_busy_queue(q)
     with (
-        dashboard(cluster3.url, queue_name, "--allow-actions") as base,
+        dashboard(rqlite_cluster3.url, queue_name, "--allow-actions") as base,
         httpx.Client(base_url=base) as http,
     ):
         for page in (http.get("/dead"), http.get("/group", params={"id": "order-4"})):
@@ -184,11 +186,16 @@ def test_payloads_and_reasons_are_escaped(cluster3: Cluster, queue_name: str, q:
         assert policy.startswith("default-src 'self';") and "script-src" not in policy
 
 
-def test_basic_auth_and_bearer_token(cluster3: Cluster, queue_name: str) -> None:
+def test_basic_auth_and_bearer_token(rqlite_cluster3: Cluster, queue_name: str) -> None:
     password = "p:w@/,%?#&'\"<>"  # every character a URL or a header might trip on
     with (
         dashboard(
-            cluster3.url, queue_name, "--basic-auth", f"admin:{password}", "--token", "s3cret"
+            rqlite_cluster3.url,
+            queue_name,
+            "--basic-auth",
+            f"admin:{password}",
+            "--token",
+            "s3cret",
         ) as base,
         httpx.Client(base_url=base) as http,
     ):
@@ -204,10 +211,10 @@ def test_basic_auth_and_bearer_token(cluster3: Cluster, queue_name: str) -> None
 
 
 def test_bad_query_arguments_give_an_error_page(
-    cluster3: Cluster, queue_name: str, q: Transport
+    rqlite_cluster3: Cluster, queue_name: str, q: Transport
 ) -> None:
     q.publish("g", 1)
-    with dashboard(cluster3.url, queue_name) as base, httpx.Client(base_url=base) as http:
+    with dashboard(rqlite_cluster3.url, queue_name) as base, httpx.Client(base_url=base) as http:
         for params in ({"state": "stuck"}, {"min_priority": "9"}, {"min_priority": "x"}):
             page = http.get("/groups", params=params)
             assert page.status_code == 400, params
@@ -267,10 +274,10 @@ def wait_until(condition: Callable[[], bool], timeout: float = 15) -> None:
 
 
 def test_the_overview_shows_stats_and_refreshes_itself(
-    cluster3: Cluster, queue_name: str, q: Transport, page: Any
+    rqlite_cluster3: Cluster, queue_name: str, q: Transport, page: Any
 ) -> None:
     a_busy_queue(q)
-    with dashboard(cluster3.url, queue_name) as base:
+    with dashboard(rqlite_cluster3.url, queue_name) as base:
         page.goto(base + "/")
         stats = q.stats()
         for name in ("depth", "groups", "in_flight", "parked", "held", "delayed", "dead"):
@@ -293,10 +300,10 @@ def test_the_overview_shows_stats_and_refreshes_itself(
 
 
 def test_groups_page_filters_and_opens_a_group(
-    cluster3: Cluster, queue_name: str, q: Transport, page: Any
+    rqlite_cluster3: Cluster, queue_name: str, q: Transport, page: Any
 ) -> None:
     a_busy_queue(q)
-    with dashboard(cluster3.url, queue_name) as base:
+    with dashboard(rqlite_cluster3.url, queue_name) as base:
         page.goto(base + "/groups")
         listed = page.locator("#group-table tr[data-group]")
         assert [listed.nth(i).get_attribute("data-group") for i in range(listed.count())] == [
@@ -315,10 +322,10 @@ def test_groups_page_filters_and_opens_a_group(
 
 
 def test_cancel_and_requeue_through_the_ui(
-    cluster3: Cluster, queue_name: str, q: Transport, page: Any
+    rqlite_cluster3: Cluster, queue_name: str, q: Transport, page: Any
 ) -> None:
     lease = a_busy_queue(q)
-    with dashboard(cluster3.url, queue_name, "--allow-actions") as base:
+    with dashboard(rqlite_cluster3.url, queue_name, "--allow-actions") as base:
         page.on("dialog", lambda dialog: dialog.accept())
         page.goto(base + "/group?id=order-1")
         shot(page, "group")
@@ -358,11 +365,11 @@ def test_cancel_and_requeue_through_the_ui(
 
 
 def test_the_schedules_page_lists_every_schedule(
-    cluster3: Cluster, queue_name: str, q: Transport, page: Any
+    rqlite_cluster3: Cluster, queue_name: str, q: Transport, page: Any
 ) -> None:
     q.schedule("nightly-report", "reports", {"kind": "daily"}, cron="0 3 * * *", priority=2)
     q.schedule("heartbeat", "health", XSS, every=300)
-    with dashboard(cluster3.url, queue_name) as base:
+    with dashboard(rqlite_cluster3.url, queue_name) as base:
         page.goto(base + "/schedules")
         table = page.locator("#schedules").inner_text()
         assert "nightly-report" in table and "0 3 * * *" in table and "300.0 s" in table

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from rqlite_queue import NoLeader, OutcomeUnknown, RqliteTransport, Unavailable
-from rqlite_queue.cluster import Cluster
+from rqlite_queue.testing import Cluster
 
 DEADLINE = 3.0
 TIMEOUT = 1.0
@@ -26,8 +26,8 @@ def READ(q: Any, lease: Any) -> Any:
 
 
 @pytest.fixture
-def frozen(make_cluster: Callable[..., Cluster]) -> Any:
-    cluster = make_cluster(3)
+def frozen(rqlite_cluster_factory: Callable[..., Cluster]) -> Any:
+    cluster = rqlite_cluster_factory(3)
     queue = f"dl_{uuid.uuid4().hex[:8]}"
     q = RqliteTransport(cluster.url, queue=queue, deadline=DEADLINE, timeout=TIMEOUT)
     q.publish_many([("a", 1), ("b", 2), ("c", 3)])

@@ -70,9 +70,9 @@ def test_demo_on_sqlite() -> None:
     check_report(result.stdout, 10, 5)
 
 
-def test_demo_on_rqlite_cluster(rqlited_binary: str) -> None:
+def test_demo_on_rqlite_cluster(rqlited_path: str) -> None:
     before = rqlited_pids()
-    env = dict(os.environ, RQLITED=rqlited_binary)
+    env = dict(os.environ, RQLITED=rqlited_path)
     result = run_demo(
         "--backend", "rqlite", "--groups", "8", "--messages", "4", "--seed", "3", env=env
     )
@@ -82,10 +82,10 @@ def test_demo_on_rqlite_cluster(rqlited_binary: str) -> None:
     assert not left_behind(before)
 
 
-def test_demo_interrupted_stops_its_cluster(rqlited_binary: str) -> None:
+def test_demo_interrupted_stops_its_cluster(rqlited_path: str) -> None:
     """Ctrl-C in the middle of the run: exit 130, and the cluster is gone."""
     before = rqlited_pids()
-    env = dict(os.environ, RQLITED=rqlited_binary)
+    env = dict(os.environ, RQLITED=rqlited_path)
     proc = subprocess.Popen(
         [*DEMO, "--backend", "rqlite", "--groups", "20", "--messages", "10"],
         stdout=subprocess.PIPE,
@@ -119,5 +119,5 @@ def test_demo_without_rqlited_says_so_and_never_falls_back_to_sqlite(tmp_path: P
     assert result.returncode == 2, result.stdout + result.stderr
     output = result.stdout + result.stderr
     assert "no usable rqlited" in output and "--backend sqlite" in output
-    assert "make rqlited" in output
+    assert "rqlite-queue rqlited" in output
     assert "embedded SQLite" not in output and "result" not in output

@@ -51,7 +51,7 @@ from rqlite_queue import (
     Transport,
     from_url,
 )
-from rqlite_queue.cluster import Cluster
+from rqlite_queue.testing import Cluster
 
 DEADLINE = 45.0  # seconds for a whole plan to finish; normally a few
 
@@ -279,7 +279,7 @@ def queue_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     backend = request.param
     if backend == "sqlite":
         return "sqlite:///" + os.fspath(tmp_path / "queue.db")
-    cluster: Cluster = request.getfixturevalue("cluster3")
+    cluster: Cluster = request.getfixturevalue("rqlite_cluster3")
     return cluster.url
 
 
@@ -359,28 +359,28 @@ def worker_threads(
 # ------------------------------------------------------------------------------ the seam
 
 
-def test_our_transports_satisfy_harels_protocols(cluster3: Cluster, tmp_path: Path) -> None:
+def test_our_transports_satisfy_harels_protocols(rqlite_cluster3: Cluster, tmp_path: Path) -> None:
     """harel's `Transport` / `AsyncTransport` Protocols are runtime_checkable."""
-    with RqliteTransport(cluster3.url, queue=fresh_queue(), codec=Event) as rq:
+    with RqliteTransport(rqlite_cluster3.url, queue=fresh_queue(), codec=Event) as rq:
         assert isinstance(rq, HarelTransport)
     with SqliteTransport(os.fspath(tmp_path / "q.db"), codec=Event) as sq:
         assert isinstance(sq, HarelTransport)
-    assert isinstance(AsyncRqliteTransport(cluster3.url, codec=Event), HarelAsyncTransport)
+    assert isinstance(AsyncRqliteTransport(rqlite_cluster3.url, codec=Event), HarelAsyncTransport)
     assert isinstance(AsyncSqliteTransport(os.fspath(tmp_path / "q.db")), HarelAsyncTransport)
 
 
-def test_harel_transport_contract_on_rqlite(cluster3: Cluster) -> None:
+def test_harel_transport_contract_on_rqlite(rqlite_cluster3: Cluster) -> None:
     assert_transport_contract(
         lambda clock: RqliteTransport(
-            cluster3.url, clock=clock, queue=fresh_queue(), codec=Event, max_skew=None
+            rqlite_cluster3.url, clock=clock, queue=fresh_queue(), codec=Event, max_skew=None
         )
     )
 
 
-async def test_harel_async_transport_contract_on_rqlite(cluster3: Cluster) -> None:
+async def test_harel_async_transport_contract_on_rqlite(rqlite_cluster3: Cluster) -> None:
     await assert_async_transport_contract(
         lambda clock: AsyncRqliteTransport(
-            cluster3.url, clock=clock, queue=fresh_queue(), codec=Event, max_skew=None
+            rqlite_cluster3.url, clock=clock, queue=fresh_queue(), codec=Event, max_skew=None
         )
     )
 
@@ -478,14 +478,14 @@ async def test_async_runner_and_workers(queue_url: str, tmp_path: Path) -> None:
             assert_finished(await async_snapshot(store, execution_id))
 
 
-def test_sync_runner_over_the_async_transport(cluster3: Cluster, tmp_path: Path) -> None:
+def test_sync_runner_over_the_async_transport(rqlite_cluster3: Cluster, tmp_path: Path) -> None:
     """harel's sync facade also takes async backends as they are (`execution="background"`
     runs them on its own event loop thread): our `AsyncRqliteTransport`, built outside any
     loop, works there too."""
     from harel.engine.aio import facade
 
     queue, store_path, defs = fresh_queue(), os.fspath(tmp_path / "store.db"), definitions()
-    transport = AsyncRqliteTransport(cluster3.url, queue=queue, codec=Event)
+    transport = AsyncRqliteTransport(rqlite_cluster3.url, queue=queue, codec=Event)
     store = facade.run(AsyncSqliteStore.create, store_path)
     try:
         runner = DistributedRunner(store, transport, defs, trace=True)
@@ -519,19 +519,23 @@ def test_sync_runner_over_the_async_transport(cluster3: Cluster, tmp_path: Path)
         facade.run(store.close)
 
 
-def test_suspend_parks_the_group_and_resume_releases_it(cluster3: Cluster, tmp_path: Path) -> None:
+def test_suspend_parks_the_group_and_resume_releases_it(
+    rqlite_cluster3: Cluster, tmp_path: Path
+) -> None:
     """harel's control plane over the queue: a worker meeting a suspended execution parks its
     group with `nack(delay=suspend_recheck)`; its events wait, in order, until `resume`."""
     queue, store_path, defs = fresh_queue(), os.fspath(tmp_path / "store.db"), definitions()
     with ExitStack() as stack:
-        transport = stack.enter_context(RqliteTransport(cluster3.url, queue=queue, codec=Event))
+        transport = stack.enter_context(
+            RqliteTransport(rqlite_cluster3.url, queue=queue, codec=Event)
+        )
         store = SqliteStore(store_path)
         stack.callback(store.close)
         runner = DistributedRunner(store, transport, defs, trace=True, execution="inline")
         exe = runner.create("flat")
 
         with worker_threads(
-            2, cluster3.url, queue, store_path, defs, "inline", suspend_recheck=0.1
+            2, rqlite_cluster3.url, queue, store_path, defs, "inline", suspend_recheck=0.1
         ) as errors:
             wait_for(lambda: (e := store.load(exe.id)) is not None and e.active_path == "A", "A")
             runner.suspend(exe.id)
@@ -603,7 +607,7 @@ async def _async_process_main(
             await store.close()
 
 
-def test_worker_processes(cluster3: Cluster, tmp_path: Path) -> None:
+def test_worker_processes(rqlite_cluster3: Cluster, tmp_path: Path) -> None:
     """Three worker processes (spawned: nothing shared but the cluster and the store file),
     two running the sync `Worker`, one the `AsyncWorker`, drive executions a runner in this
     process created; every one finishes, and the work was spread over the processes."""
@@ -613,13 +617,15 @@ def test_worker_processes(cluster3: Cluster, tmp_path: Path) -> None:
     processes = [
         ctx.Process(
             target=_process_main,
-            args=(kind, cluster3.url, queue, store_path, f"p{i}-{kind}", stop, ready),
+            args=(kind, rqlite_cluster3.url, queue, store_path, f"p{i}-{kind}", stop, ready),
             daemon=True,
         )
         for i, kind in enumerate(["sync", "async", "sync"])
     ]
     with ExitStack() as stack:
-        transport = stack.enter_context(RqliteTransport(cluster3.url, queue=queue, codec=Event))
+        transport = stack.enter_context(
+            RqliteTransport(rqlite_cluster3.url, queue=queue, codec=Event)
+        )
         store = SqliteStore(store_path)
         stack.callback(store.close)
         try:
@@ -660,13 +666,13 @@ def test_worker_processes(cluster3: Cluster, tmp_path: Path) -> None:
 
 
 def test_a_leader_kill_never_reaches_send_when_publishes_carry_the_event_id(
-    make_cluster: Callable[..., Cluster], tmp_path: Path
+    rqlite_cluster_factory: Callable[..., Cluster], tmp_path: Path
 ) -> None:
     """harel publishes without a dedup id, so after a lost reply it cannot know whether its
     event is queued. With `dedup_key=lambda e: str(e.id)` every publish is safe to resend and
     the transport resends it: while the leader is killed and restarted, `create` and `send`
     never raise, and every execution finishes."""
-    cluster = make_cluster(3)
+    cluster = rqlite_cluster_factory(3)
     queue, store_path, defs = fresh_queue(), os.fspath(tmp_path / "store.db"), definitions()
     failures: list[BaseException] = []
     with ExitStack() as stack:

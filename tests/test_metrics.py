@@ -16,8 +16,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from rqlite_queue import AsyncTransport, Lease, RqliteTransport, Transport
-from rqlite_queue.cluster import free_port
 from rqlite_queue.metrics import WorkerCollector, serve_metrics
+from rqlite_queue.testing import free_port
 from rqlite_queue.worker import AsyncWorker, Backoff, Worker
 
 BACKOFF = Backoff(base=0.05, cap=0.05)

@@ -54,3 +54,35 @@ def test_the_sdist_holds_source_tests_and_docs_but_no_bench_results(tmp_path: Pa
     assert "tests/test_packaging.py" in names and "docs/contract.md" in names
     assert not [name for name in names if name.startswith(("bench/results/", "site/"))]
     assert built.stat().st_size < 1_000_000, built.stat().st_size
+
+
+NO_SIDE_EFFECTS = """
+import atexit, threading
+import logging, aiohttp, click, cronsim, httpx, pytest, rich, urllib3  # their own hooks first
+hooks, threads = atexit._ncallbacks(), threading.active_count()
+import rqlite_queue, rqlite_queue.testing, rqlite_queue.testing.plugin, rqlite_queue.cli
+import rqlite_queue.rqlited, rqlite_queue.demo
+assert atexit._ncallbacks() == hooks, "an import registered an atexit hook"
+assert threading.active_count() == threads, "an import started a thread"
+from rqlite_queue.testing import cluster
+assert not cluster._exit_hook_registered and not cluster.live_pids()
+print("ok")
+"""
+
+
+def test_importing_the_package_starts_and_registers_nothing() -> None:
+    """The plugin is loaded by every pytest run of an environment with rqlite-queue installed:
+    importing it (or the library, or the harness) must start nothing and register nothing; the
+    harness's exit hook comes with its first process."""
+    done = subprocess.run(
+        [sys.executable, "-c", NO_SIDE_EFFECTS], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
+
+
+def test_the_pytest_plugin_is_registered() -> None:
+    from importlib.metadata import entry_points
+
+    plugins = {ep.name: ep.value for ep in entry_points(group="pytest11")}
+    assert plugins.get("rqlite_queue") == "rqlite_queue.testing.plugin"

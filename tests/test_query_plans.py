@@ -16,10 +16,10 @@ import httpx
 import pytest
 
 from rqlite_queue import sql
-from rqlite_queue.cluster import Cluster
 from rqlite_queue.http_sync import Urllib3Client
 from rqlite_queue.rqlite_http import parse_endpoints, parse_reply, request_for
 from rqlite_queue.sqlite_backend import SqliteExecutor
+from rqlite_queue.testing import Cluster
 
 BACKLOG = 20_000
 # A full pass over a table or index: "SCAN t" / "SCAN t USING [COVERING] INDEX i". Fine:
@@ -139,10 +139,10 @@ def sqlite_execute(tmp_path_factory: pytest.TempPathFactory) -> Execute:
 
 
 @pytest.fixture(scope="module")
-def rqlite_execute(cluster1: Cluster) -> Iterator[Execute]:
-    client = Urllib3Client(parse_endpoints(cluster1.url), timeout=60)
+def rqlite_execute(rqlite_cluster: Cluster) -> Iterator[Execute]:
+    client = Urllib3Client(parse_endpoints(rqlite_cluster.url), timeout=60)
     backlog(sql.Names.of("plans"), lambda batch: client.execute(batch, time.monotonic() + 120))
-    http = httpx.Client(base_url=cluster1.url, timeout=60)
+    http = httpx.Client(base_url=rqlite_cluster.url, timeout=60)
 
     def explain(batch: sql.Batch) -> list[sql.Result]:
         # /db/query runs on a read-only connection, where even EXPLAIN of an UPDATE is

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from rqlite_queue import OutcomeUnknown, RqliteTransport, SqliteTransport, Transport
-from rqlite_queue.cluster import Cluster
 from rqlite_queue.sql import Batch, Result
+from rqlite_queue.testing import Cluster
 
 
 class LoseReplies:
@@ -45,7 +45,7 @@ def q(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
     if request.param == "sqlite":
         transport = SqliteTransport(str(tmp_path / "q.db"), queue=queue)
     else:
-        cluster: Cluster = request.getfixturevalue("cluster3")
+        cluster: Cluster = request.getfixturevalue("rqlite_cluster3")
         transport = RqliteTransport(cluster.url, queue=queue)
     transport.setup()
     lossy = LoseReplies(transport._executor)

@@ -9,15 +9,15 @@ import uuid
 from collections.abc import Callable
 
 from rqlite_queue import Lease, Transport, Worker
-from rqlite_queue.cluster import Cluster
+from rqlite_queue.testing import Cluster
 
 EVERY = 0.5
 
 
 def test_racing_workers_publish_each_tick_once_through_a_leader_kill(
-    make_cluster: Callable[..., Cluster],
+    rqlite_cluster_factory: Callable[..., Cluster],
 ) -> None:
-    cluster = make_cluster(3)
+    cluster = rqlite_cluster_factory(3)
     queue = f"sch_{uuid.uuid4().hex[:8]}"
     admin = Transport.from_url(cluster.url, queue=queue)
     made = admin.schedule("beat", "ticks", "tick", every=EVERY, catch_up=True)
@@ -59,9 +59,9 @@ def test_racing_workers_publish_each_tick_once_through_a_leader_kill(
     admin.close()
 
 
-def test_an_idle_worker_handles_a_delayed_message_on_time(cluster3: Cluster) -> None:
+def test_an_idle_worker_handles_a_delayed_message_on_time(rqlite_cluster3: Cluster) -> None:
     queue = f"sch_{uuid.uuid4().hex[:8]}"
-    q = Transport.from_url(cluster3.url, queue=queue)
+    q = Transport.from_url(rqlite_cluster3.url, queue=queue)
     seen: list[float] = []
     worker = Worker(q, lambda lease: seen.append(time.time()), poll_interval=0.05)
     thread = threading.Thread(target=worker.run, kwargs={"handle_signals": False})

@@ -29,8 +29,8 @@ from rqlite_queue import (
     Transport,
     Unavailable,
 )
-from rqlite_queue.cluster import free_port
 from rqlite_queue.rqlite_http import Endpoints, parse_endpoints, redact
+from rqlite_queue.testing import free_port
 
 USER = "alice"
 SPECIALS = ":/?#[]@!$&'()*+,;=% "

@@ -24,9 +24,9 @@ from rqlite_queue import (
     Transport,
     Unavailable,
 )
-from rqlite_queue.cluster import Cluster, Node, free_port
 from rqlite_queue.rqlite_http import parse_endpoints
 from rqlite_queue.sql import Batch, Statement
+from rqlite_queue.testing import Cluster, Node, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -35,8 +35,8 @@ def fresh_queue() -> str:
     return f"t_{uuid.uuid4().hex[:12]}"
 
 
-def test_every_operation_is_one_http_request(cluster3: Cluster) -> None:
-    url = cluster3.followers()[0].http_url  # a follower forwards; still one request from us
+def test_every_operation_is_one_http_request(rqlite_cluster3: Cluster) -> None:
+    url = rqlite_cluster3.followers()[0].http_url  # a follower forwards; still one request from us
     q = RqliteTransport(url, queue=fresh_queue())
     q.setup()
 
@@ -79,12 +79,12 @@ def test_every_operation_is_one_http_request(cluster3: Cluster) -> None:
     q.close()
 
 
-def test_rqlite_keeps_the_rows_of_the_claims_returning_form(cluster3: Cluster) -> None:
+def test_rqlite_keeps_the_rows_of_the_claims_returning_form(rqlite_cluster3: Cluster) -> None:
     """A claim without a priority floor, settling at most one lease, reads its leases from its
     own `UPDATE ... RETURNING`. rqlite keeps those rows only for statements its SQL parser
     takes (an unquoted `key` column, an `UPDATE t AS g` were not); when it drops them the
     transport falls back to a resend, correct but one more request: none must happen here."""
-    url = cluster3.followers()[0].http_url
+    url = rqlite_cluster3.followers()[0].http_url
     q = RqliteTransport(url, queue=fresh_queue())
     q.publish_many([("a", 1), ("b", 2), ("a", 3)])
     assert q._core.claim("w", 30, 1, 0).batch.returning  # the form under test
@@ -102,11 +102,11 @@ def test_rqlite_keeps_the_rows_of_the_claims_returning_form(cluster3: Cluster) -
     q.close()
 
 
-def test_an_idle_claim_does_not_write_to_raft(cluster3: Cluster) -> None:
-    q = RqliteTransport(cluster3.url, queue=fresh_queue())
+def test_an_idle_claim_does_not_write_to_raft(rqlite_cluster3: Cluster) -> None:
+    q = RqliteTransport(rqlite_cluster3.url, queue=fresh_queue())
     q.setup()
     assert q.claim("w", 30) is None  # one write, finding nothing
-    leader = cluster3.leader()
+    leader = rqlite_cluster3.leader()
     before = leader.status()["store"]["raft"]["last_log_index"]
     for _ in range(20):
         assert q.claim("w", 30) is None
@@ -159,8 +159,8 @@ def test_from_url_waits_then_raises_unavailable_when_nothing_listens() -> None:
     assert "pw" not in str(error.value)  # the password is not in the message
 
 
-def test_from_url_waits_for_a_node_that_starts_late(rqlited_binary: str, tmp_path: Path) -> None:
-    node = Node("late", str(tmp_path / "data"), binary=rqlited_binary, http_port=free_port())
+def test_from_url_waits_for_a_node_that_starts_late(rqlited_path: str, tmp_path: Path) -> None:
+    node = Node("late", str(tmp_path / "data"), binary=rqlited_path, http_port=free_port())
     starter = threading.Timer(1.0, node.start)
     starter.start()
     try:
@@ -173,8 +173,8 @@ def test_from_url_waits_for_a_node_that_starts_late(rqlited_binary: str, tmp_pat
         node.stop()
 
 
-async def test_async_from_url_and_context_manager(cluster1: Cluster) -> None:
-    async with await AsyncTransport.from_url(cluster1.url, queue=fresh_queue()) as q:
+async def test_async_from_url_and_context_manager(rqlite_cluster: Cluster) -> None:
+    async with await AsyncTransport.from_url(rqlite_cluster.url, queue=fresh_queue()) as q:
         assert isinstance(q, AsyncRqliteTransport)
         await q.publish("g", {"x": 1})
         lease = await q.claim("w", 30)
@@ -189,8 +189,8 @@ def test_sync_context_manager_closes(tmp_path: Path) -> None:
         q.publish("g", 2)
 
 
-def test_malformed_rqlite_urls_are_typed_errors(cluster1: Cluster) -> None:
-    q = RqliteTransport(cluster1.url + "/", queue=fresh_queue())  # a trailing slash is fine
+def test_malformed_rqlite_urls_are_typed_errors(rqlite_cluster: Cluster) -> None:
+    q = RqliteTransport(rqlite_cluster.url + "/", queue=fresh_queue())  # a trailing slash is fine
     q.setup()
     q.close()
     for url in ("http://[bad", "http://127.0.0.1:notaport", "http://,"):
@@ -207,8 +207,8 @@ def test_generated_sync_code_is_current() -> None:
     assert result.returncode == 0, result.stderr
 
 
-def test_a_dead_node_in_the_list_is_skipped(cluster3: Cluster) -> None:
-    url = f"http://127.0.0.1:{free_port()}," + cluster3.url
+def test_a_dead_node_in_the_list_is_skipped(rqlite_cluster3: Cluster) -> None:
+    url = f"http://127.0.0.1:{free_port()}," + rqlite_cluster3.url
     with RqliteTransport(url, queue=fresh_queue()) as q:
         q.publish("g", 1)
         lease = q.claim("w", 30)

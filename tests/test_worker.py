@@ -25,8 +25,8 @@ from rqlite_queue import (
     Transport,
     TransportClosed,
 )
-from rqlite_queue.cluster import Cluster
 from rqlite_queue.sql import Batch, Statement
+from rqlite_queue.testing import Cluster
 from rqlite_queue.worker import AsyncWorker, Backoff, Park, Worker
 
 
@@ -375,24 +375,24 @@ def raft_index(cluster: Cluster) -> int:
 
 
 def test_one_raft_entry_per_message_at_concurrency_one_and_none_when_idle(
-    cluster3: Cluster, queue: str
+    rqlite_cluster3: Cluster, queue: str
 ) -> None:
-    q = Transport.from_url(cluster3.url, queue=queue)
+    q = Transport.from_url(rqlite_cluster3.url, queue=queue)
     q.publish_many([(f"g{i % 7}", i) for i in range(60)])
     done: list[int] = []
     worker = Worker(q, lambda lease: done.append(lease.event), concurrency=1, poll_interval=0.02)
-    before = raft_index(cluster3)
+    before = raft_index(rqlite_cluster3)
     thread = threading.Thread(target=worker.run, kwargs={"handle_signals": False})
     thread.start()
     deadline = time.monotonic() + 30
     while len(done) < 60 and time.monotonic() < deadline:
         time.sleep(0.01)
     time.sleep(0.3)  # the last ack went with the next (empty) claim
-    drained = raft_index(cluster3)
+    drained = raft_index(rqlite_cluster3)
     # One write per message (the last one's ack rides with a claim that finds nothing).
     assert len(done) == 60 and drained - before <= 61
     time.sleep(1.5)  # idle: reads only
-    assert raft_index(cluster3) == drained
+    assert raft_index(rqlite_cluster3) == drained
     assert worker.stats.probes >= 20
     q.publish("late", "x")
     picked = time.monotonic()
@@ -404,8 +404,10 @@ def test_one_raft_entry_per_message_at_concurrency_one_and_none_when_idle(
     q.close()
 
 
-def test_a_round_settles_and_refills_many_slots_at_once(cluster3: Cluster, queue: str) -> None:
-    q = Transport.from_url(cluster3.url, queue=queue)
+def test_a_round_settles_and_refills_many_slots_at_once(
+    rqlite_cluster3: Cluster, queue: str
+) -> None:
+    q = Transport.from_url(rqlite_cluster3.url, queue=queue)
     q.publish_many([(f"g{i}", i) for i in range(400)])
     done: list[int] = []
     worker = Worker(q, lambda lease: done.append(lease.event), concurrency=32)

@@ -14,7 +14,7 @@ Meanwhile the demo watches what the workers see (in-flight groups across threads
 of acks per group, who was served when) and ends with a report. It exits non-zero if order or
 exclusivity was violated or a message was lost.
 
-Backend: a local 3-node rqlite cluster (see `cluster.py`); without a usable rqlited the demo
+Backend: a local 3-node rqlite cluster (`rqlite_queue.testing`); without a usable rqlited the demo
 says so, and how to get one, and stops: the embedded SQLite in a temp dir is the explicit
 choice `--backend sqlite`; `--url` uses an existing backend.
 """
@@ -38,9 +38,10 @@ from types import FrameType
 from typing import Any
 
 from ._sync.transport import Transport
-from .cluster import RQLITED_VERSION, Cluster, RqlitedNotFound, find_rqlited
 from .errors import LeaseLost
 from .lease import Lease
+from .rqlited import RqlitedNotFound, find_rqlited
+from .testing.cluster import Cluster
 
 VISIBILITY = 2.0
 """Lease length: short, so the abandoned lease lapses quickly."""
@@ -95,10 +96,12 @@ def open_backend(args: argparse.Namespace) -> Iterator[Backend]:
         yield Backend(f"{args.url} (given), queue {queue!r}", urls, queue, external=True)
         return
     if args.backend == "rqlite":
-        binary = find_rqlited()
-        log(f"starting a local 3-node rqlite cluster (rqlited {RQLITED_VERSION})")
+        rqlited = find_rqlited()
+        if rqlited.warning:
+            log(f"using {rqlited.path}: {rqlited.warning}")
+        log(f"starting a local 3-node rqlite cluster (rqlited {rqlited.label})")
         started = time.monotonic()
-        cluster = Cluster(3, binary=binary)
+        cluster = Cluster(3, binary=rqlited.path)
         try:
             cluster.start()
             leader = cluster.leader()
@@ -107,9 +110,7 @@ def open_backend(args: argparse.Namespace) -> Iterator[Backend]:
                 f"{n.node_id}{' (leader)' if n is leader else ''} {n.http_addr}"
                 for n in cluster.nodes
             )
-            yield Backend(
-                f"rqlite {RQLITED_VERSION}, 3 nodes: {nodes}", cluster.urls, "demo", False
-            )
+            yield Backend(f"rqlite {rqlited.label}, 3 nodes: {nodes}", cluster.urls, "demo", False)
         finally:
             log("stopping the rqlite cluster")
             cluster.stop()
@@ -604,10 +605,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except RqlitedNotFound as exc:
         log(f"error: no usable rqlited for the demo's cluster: {exc}")
-        log(
-            "  `make rqlited` builds one (needs Go and gcc), or set RQLITED to an rqlited "
-            f"{RQLITED_VERSION} binary; or run the demo on the embedded queue: --backend sqlite"
-        )
+        log("Or run the demo on the embedded queue: --backend sqlite")
         return 2
 
 

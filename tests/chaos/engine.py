@@ -35,7 +35,7 @@ from rqlite_queue import (
     RqliteTransport,
     Unavailable,
 )
-from rqlite_queue.cluster import Cluster, Node
+from rqlite_queue.testing import Cluster, Node
 
 from .checker import Fault, Op, Report, check
 from .network import Network, NetworkUnavailable, open_network, why_unavailable

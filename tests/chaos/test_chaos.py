@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rqlite_queue.cluster import Cluster, Node
+from rqlite_queue.testing import Cluster, Node
 
 from .checker import Op, Report, check
 from .engine import Config, run
@@ -22,7 +22,7 @@ from .network import NetworkUnavailable, leftovers, private_network, why_unavail
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_short_chaos_run(rqlited_binary: str, tmp_path: Path) -> None:
+def test_short_chaos_run(rqlited_path: str, tmp_path: Path) -> None:
     config = Config(
         seed=int(os.environ.get("CHAOS_SEED", "7")),
         groups=40,
@@ -38,7 +38,7 @@ def test_short_chaos_run(rqlited_binary: str, tmp_path: Path) -> None:
         visibility=0.5,
         slow_chance=0.05,
     )
-    report = run(config, rqlited_binary, tmp_path)
+    report = run(config, rqlited_path, tmp_path)
     print(report.summary())
     assert report.ok, report.summary()
     assert report.faults, "the nemesis injected nothing: the run proves nothing"
@@ -47,7 +47,7 @@ def test_short_chaos_run(rqlited_binary: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_long_chaos_run(rqlited_binary: str, tmp_path: Path) -> None:
+def test_long_chaos_run(rqlited_path: str, tmp_path: Path) -> None:
     seed = int(os.environ.get("CHAOS_SEED", "20261129"))
     config = Config(
         seed=seed,
@@ -56,7 +56,7 @@ def test_long_chaos_run(rqlited_binary: str, tmp_path: Path) -> None:
         visibility=0.5,
         slow_chance=0.02,
     )
-    report = run(config, rqlited_binary, tmp_path)
+    report = run(config, rqlited_path, tmp_path)
     summary = report.summary()
     print(summary)
     (ROOT / "docs" / "reliability.md").write_text(_reliability_page(config, summary))
@@ -121,7 +121,7 @@ def _reliability_page(config: Config, summary: str) -> str:
 # ------------------------------------------------------------------- the partition itself
 
 
-def test_a_partition_cuts_a_node_off(rqlited_binary: str) -> None:
+def test_a_partition_cuts_a_node_off(rqlited_path: str) -> None:
     """Cutting the leader off makes it step down and the other two elect a leader, which
     takes writes while the cut-off node refuses them; once healed it catches up; nothing of
     the private network is left behind."""
@@ -131,7 +131,7 @@ def test_a_partition_cuts_a_node_off(rqlited_binary: str) -> None:
     try:
         with (
             private_network(3) as net,
-            Cluster(3, binary=rqlited_binary, hosts=net.hosts, wrappers=net.wrappers) as c,
+            Cluster(3, binary=rqlited_path, hosts=net.hosts, wrappers=net.wrappers) as c,
         ):
             old = c.leader()
             k = c.nodes.index(old)

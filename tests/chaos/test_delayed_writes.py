@@ -12,13 +12,13 @@ import time
 import httpx
 
 from rqlite_queue import RqliteTransport
-from rqlite_queue.cluster import Cluster
+from rqlite_queue.testing import Cluster
 
 
 def test_a_claim_delayed_by_a_frozen_follower_leases_nothing_after_its_resend(
-    rqlited_binary: str,
+    rqlited_path: str,
 ) -> None:
-    with Cluster(3, binary=rqlited_binary) as cluster:
+    with Cluster(3, binary=rqlited_path) as cluster:
         leader = cluster.leader()
         follower = next(n for n in cluster.nodes if n is not leader)
         rest = [n.http_url for n in cluster.nodes if n is not follower]

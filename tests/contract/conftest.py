@@ -21,7 +21,7 @@ from rqlite_queue import (
     SqliteTransport,
     Transport,
 )
-from rqlite_queue.cluster import Cluster
+from rqlite_queue.testing import Cluster
 
 BACKENDS = ["sqlite", "rqlite1", "rqlite3", "rqlite3-follower"]
 FLAVOURS = ["sync", "async"]
@@ -62,9 +62,9 @@ def backend_url(backend: str, request: pytest.FixtureRequest, tmp_path: Any) -> 
     if backend == "sqlite":
         return "sqlite:///" + os.fspath(tmp_path / "queue.db")
     if backend == "rqlite1":
-        cluster: Cluster = request.getfixturevalue("cluster1")
+        cluster: Cluster = request.getfixturevalue("rqlite_cluster")
         return cluster.url
-    cluster = request.getfixturevalue("cluster3")
+    cluster = request.getfixturevalue("rqlite_cluster3")
     if backend == "rqlite3-follower":
         return cluster.followers()[0].http_url
     return cluster.url

@@ -171,7 +171,7 @@ def target(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """Where the queue lives: a SQLite file path, or the 3-node cluster's comma-joined URL."""
     if request.param == "sqlite":
         return os.fspath(tmp_path / "drain.db")
-    return str(request.getfixturevalue("cluster3").url)
+    return str(request.getfixturevalue("rqlite_cluster3").url)
 
 
 def is_sqlite(target: str) -> bool:

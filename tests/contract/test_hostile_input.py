@@ -40,8 +40,8 @@ from rqlite_queue import (
     TransportClosed,
 )
 from rqlite_queue.checks import MAX_ID_BYTES, MAX_SECONDS
-from rqlite_queue.cluster import Cluster
 from rqlite_queue.core import MAX_BATCH, MAX_REASON_BYTES
+from rqlite_queue.testing import Cluster
 
 from .conftest import FakeClock, MakeQueue, backend_url
 
@@ -62,7 +62,7 @@ def url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
     the tests still run, through the new leader."""
     if backend != "rqlite3-follower":
         return backend_url(backend, request, tmp_path)
-    cluster: Cluster = request.getfixturevalue("cluster3")
+    cluster: Cluster = request.getfixturevalue("rqlite_cluster3")
     if id(cluster) not in _followers:
         _followers[id(cluster)] = cluster.followers()[0].http_url
     return _followers[id(cluster)]

@@ -47,8 +47,8 @@ from hypothesis.stateful import (
 )
 
 from rqlite_queue import Lease, LeaseLost, RqliteTransport, SqliteTransport, Transport
-from rqlite_queue.cluster import Cluster
 from rqlite_queue.sql import RETIRE_WINDOW
+from rqlite_queue.testing import Cluster
 
 from .conftest import FakeClock
 
@@ -704,8 +704,8 @@ def test_the_contract_holds_on_sqlite_long(tmp_path: Path) -> None:
     run(machine(on_sqlite(tmp_path)), examples=300, steps=50)
 
 
-def test_the_contract_holds_on_rqlite(cluster1: Cluster) -> None:
-    url = cluster1.url
+def test_the_contract_holds_on_rqlite(rqlite_cluster: Cluster) -> None:
+    url = rqlite_cluster.url
 
     def open_transport(clock: FakeClock) -> Transport:
         # A fresh queue (tables created on the first call) per example.

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from rqlite_queue import Lease, LeaseLost, RqliteTransport, SqliteTransport, Transport
-from rqlite_queue.cluster import Cluster
+from rqlite_queue.testing import Cluster
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 FACTS: dict[str, Any] = json.loads((FIXTURES / "v1.json").read_text())
@@ -45,8 +45,10 @@ def open_v1(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable
             return opened[-1]
 
     else:
-        make_cluster: Callable[..., Cluster] = request.getfixturevalue("make_cluster")
-        cluster = make_cluster(3)
+        rqlite_cluster_factory: Callable[..., Cluster] = request.getfixturevalue(
+            "rqlite_cluster_factory"
+        )
+        cluster = rqlite_cluster_factory(3)
         reply = httpx.post(
             cluster.leader().http_url + "/db/load",
             content=(FIXTURES / "v1.db").read_bytes(),

@@ -1,9 +1,10 @@
 """Start and control real local rqlited clusters.
 
-One harness shared by the tests, the benchmarks, the demo and the CLI, so that every one of them
-runs against the same real rqlited binary started the same way, and none of them can leave a
-process behind: every process started here is recorded in a module-level registry and killed at
-interpreter exit if nobody stopped it.
+One harness shared by the pytest plugin (and so the project's tests), the benchmarks, the demo
+and `rqlite-queue cluster up`, so that every one of them runs against a real rqlited started the
+same way, and none of them can leave a process behind: every process started here is recorded
+in a module-level registry and killed at interpreter exit if nobody stopped it. Importing this
+module starts and registers nothing; the exit hook is registered by the first process start.
 
 Typical use::
 
@@ -33,22 +34,21 @@ from typing import Any, Self
 
 import httpx
 
+from ..rqlited import RqlitedNotFound, find_rqlited
+
 __all__ = [
     "FAST_RAFT_ARGS",
-    "RQLITED_VERSION",
     "Cluster",
     "ClusterError",
     "Node",
     "NodeStartError",
     "PortInUse",
     "RqlitedNotFound",
-    "default_rqlited_path",
-    "find_rqlited",
     "free_port",
+    "kill_leftovers",
     "live_pids",
+    "rqlited_path",
 ]
-
-RQLITED_VERSION = "v8.43.4"
 
 # Faster failure detection than rqlite's 1 s defaults, so fault tests elect a new leader in about
 # a second instead of several. hashicorp/raft (v1.7.3 in rqlite v8.43.4) validates the config at
@@ -73,10 +73,6 @@ _PROBE_TIMEOUT = 2.0
 _POLL_INTERVAL = 0.05
 
 
-class RqlitedNotFound(RuntimeError):
-    """The rqlited binary is missing or is not the version this project is pinned to."""
-
-
 class ClusterError(RuntimeError):
     """A node or cluster did not reach the expected state in time."""
 
@@ -93,45 +89,9 @@ class PortInUse(NodeStartError):
 # Finding the binary
 
 
-def default_rqlited_path() -> Path:
-    """Where `scripts/build-rqlited` puts the binary (same lookup order as that script)."""
-    cache = os.environ.get("RQLITE_QUEUE_CACHE")
-    if cache:
-        base = Path(cache)
-    else:
-        xdg = os.environ.get("XDG_CACHE_HOME")
-        base = (Path(xdg) if xdg else Path.home() / ".cache") / "rqlite-queue"
-    return base / RQLITED_VERSION / "rqlited"
-
-
-def find_rqlited() -> str:
-    """Return the path of a usable rqlited binary: `$RQLITED`, else the build cache.
-
-    The version is checked because the harness and the library rely on v8 behaviour (Raft-address
-    joins, follower write forwarding, /readyz); an older binary would fail in confusing ways.
-    """
-    env = os.environ.get("RQLITED")
-    path = Path(env) if env else default_rqlited_path()
-    source = "$RQLITED" if env else "the build cache"
-    hint = "Run `scripts/build-rqlited` (or `make rqlited`) and/or set RQLITED to its output."
-    if not path.is_file() or not os.access(path, os.X_OK):
-        raise RqlitedNotFound(f"rqlited not found at {path} (from {source}). {hint}")
-    try:
-        out = subprocess.run(
-            [str(path), "-version"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise RqlitedNotFound(f"cannot run {path} -version: {e}. {hint}") from e
-    text = out.stdout + out.stderr
-    if RQLITED_VERSION not in text:
-        raise RqlitedNotFound(
-            f"{path} does not report {RQLITED_VERSION} (got {text.strip()[:200]!r}). {hint}"
-        )
-    return str(path)
+def rqlited_path() -> str:
+    """The usable rqlited `find_rqlited` picks ($RQLITED, the cache, PATH); never builds."""
+    return find_rqlited().path
 
 
 # ---------------------------------------------------------------------------------------------
@@ -169,8 +129,15 @@ _live: dict[int, subprocess.Popen[bytes]] = {}
 _live_dirs: set[Path] = set()
 
 
+_exit_hook_registered = False
+
+
 def _register(proc: subprocess.Popen[bytes]) -> None:
+    global _exit_hook_registered
     with _registry_lock:
+        if not _exit_hook_registered:  # at the first start, not on import
+            atexit.register(kill_leftovers)
+            _exit_hook_registered = True
         # Forget reaped processes so a long-running user (benchmarks) does not accumulate them.
         for pid in [pid for pid, p in _live.items() if p.returncode is not None]:
             del _live[pid]
@@ -195,23 +162,24 @@ def live_pids() -> set[int]:
     return alive
 
 
-def _kill_everything() -> None:
-    """atexit: SIGKILL every process still running and remove leftover data directories."""
+def kill_leftovers() -> set[int]:
+    """SIGKILL every process started here that still runs, remove leftover data directories;
+    returns the PIDs killed. Run at interpreter exit, and by the pytest plugin at session end."""
     with _registry_lock:
         procs = list(_live.values())
         dirs = list(_live_dirs)
+    killed: set[int] = set()
     for proc in procs:
         if proc.poll() is None:
             with contextlib.suppress(OSError):
                 proc.kill()
+                killed.add(proc.pid)
     for proc in procs:
         with contextlib.suppress(subprocess.TimeoutExpired, OSError):
             proc.wait(timeout=5)
     for d in dirs:
         shutil.rmtree(d, ignore_errors=True)
-
-
-atexit.register(_kill_everything)
+    return killed
 
 
 # ---------------------------------------------------------------------------------------------
@@ -270,7 +238,7 @@ class Node:
         self.wrapper = tuple(wrapper)
         self.tls = tls
         self.auth = auth
-        self.binary = binary if binary is not None else find_rqlited()
+        self.binary = binary if binary is not None else rqlited_path()
         self.data_dir = Path(data_dir)
         # Ports we picked may be re-picked on a clash at first start; ports given are kept.
         self._may_repick_ports = http_port is None and raft_port is None
@@ -637,7 +605,7 @@ class Cluster:
         """
         if self.nodes:
             raise ClusterError("a Cluster can be started only once; make a new one")
-        binary = self.binary if self.binary is not None else find_rqlited()
+        binary = self.binary if self.binary is not None else rqlited_path()
         self.binary = binary
         ports, restart = self._ports()
         if self.data_dir is not None:
