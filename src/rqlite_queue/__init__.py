@@ -3,8 +3,10 @@
 Inside a group, messages are delivered in publish order, one at a time; across groups, workers
 run in parallel, served round-robin with a priority floor."""
 
+from ._async.sharded import AsyncShardedTransport
 from ._async.transport import AsyncRqliteTransport, AsyncSqliteTransport, AsyncTransport
 from ._async.worker import AsyncWorker
+from ._sync.sharded import ShardedTransport
 from ._sync.transport import RqliteTransport, SqliteTransport, Transport
 from ._sync.worker import Worker
 from .codec import Codec, JsonCodec, ModelCodec, RawCodec
@@ -22,6 +24,7 @@ from .errors import (
     PayloadTooLarge,
     QueueError,
     SchemaError,
+    ShardDown,
     TransportClosed,
     Unavailable,
 )
@@ -30,6 +33,7 @@ from .worker_policy import Backoff, Park
 
 __all__ = [
     "AsyncRqliteTransport",
+    "AsyncShardedTransport",
     "AsyncSqliteTransport",
     "AsyncTransport",
     "AsyncWorker",
@@ -58,6 +62,8 @@ __all__ = [
     "RqliteTransport",
     "Schedule",
     "SchemaError",
+    "ShardDown",
+    "ShardedTransport",
     "SqliteTransport",
     "Stats",
     "Transport",

@@ -1,6 +1,7 @@
 """The few primitives where threads and asyncio really differ: running handlers concurrently on
-reused threads or tasks, an interruptible wait, signals. The worker loop itself is written once
-(in `_async/worker.py`, with `_sync/worker.py` generated from it) on top of these."""
+reused threads or tasks, an interruptible wait, signals, calls to several shards at once. The
+worker loop and the sharded transport are written once (in `_async/`, with `_sync/` generated
+from it) on top of these."""
 
 from __future__ import annotations
 
@@ -10,13 +11,17 @@ import inspect
 import queue
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from concurrent.futures import Executor, Future
-from typing import Any
+from typing import Annotated, Any, TypeVar
 
 from .errors import InvalidArgument
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
+T = TypeVar("T")
+
+Same = Annotated[T, "what Awaitable[T] becomes in the generated sync code: T itself"]
+__all__ = ["AsyncFanOut", "AsyncRuntime", "Awaitable", "FanOut", "Same", "SyncRuntime"]
 
 Done = Callable[[Any, BaseException | None], None]
 """Called with (key, the handler's exception or None) when a handler finishes."""
@@ -188,3 +193,79 @@ class SyncRuntime:
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)
         self._previous.clear()
+
+
+class AsyncFanOut:
+    """Calls to several shards at once (tasks), and one background job (a task) that keeps
+    running until `close`."""
+
+    def __init__(self, size: int) -> None:
+        self._background: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
+
+    async def all(self, calls: Sequence[Callable[[], Awaitable[T]]]) -> list[T | BaseException]:
+        """Every call's result or exception, in order."""
+        if len(calls) == 1:  # no task for the common case of one shard to ask
+            try:
+                return [await calls[0]()]
+            except Exception as exc:
+                return [exc]
+        return list(await asyncio.gather(*(call() for call in calls), return_exceptions=True))
+
+    def background(self, job: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Start `job` unless it runs already."""
+        if self._background is None or self._background.done():
+            self._background = asyncio.get_running_loop().create_task(job())
+
+    async def pause(self, seconds: float) -> bool:
+        """Sleep `seconds` (a background job's wait); True once `close` was called."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), max(0.0, seconds))
+        return self._stop.is_set()
+
+    async def close(self) -> None:
+        self._stop.set()
+        if self._background is not None and not self._background.done():
+            self._background.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._background
+
+
+class FanOut:
+    """Calls to several shards at once (threads), and one background job (a daemon thread)
+    that keeps running until `close`."""
+
+    def __init__(self, size: int) -> None:
+        self._pool = DaemonPool(max(1, size))
+        self._background: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def all(self, calls: Sequence[Callable[[], T]]) -> list[T | BaseException]:
+        """Every call's result or exception, in order."""
+        if len(calls) == 1:
+            try:
+                return [calls[0]()]
+            except Exception as exc:
+                return [exc]
+        futures = [self._pool.submit(call) for call in calls]
+        results: list[T | BaseException] = []
+        for future in futures:
+            try:
+                results.append(future.result())
+            except Exception as exc:
+                results.append(exc)
+        return results
+
+    def background(self, job: Callable[[], None]) -> None:
+        """Start `job` unless it runs already."""
+        if self._background is None or not self._background.is_alive():
+            self._background = threading.Thread(target=job, name="rqlite-queue-shards", daemon=True)
+            self._background.start()
+
+    def pause(self, seconds: float) -> bool:
+        """Sleep `seconds` (a background job's wait); True once `close` was called."""
+        return self._stop.wait(max(0.0, seconds))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._pool.shutdown(wait=False)

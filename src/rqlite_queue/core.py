@@ -89,6 +89,9 @@ class Round:
     expired: list[Lease] = field(default_factory=list)
     """Leases taken on messages whose ttl had passed: not to be handled, but dead-lettered
     (the transport does that before it returns)."""
+    unsettled: list[Lease] = field(default_factory=list)
+    """Settlements and extensions whose shard did not answer (a sharded transport's; on one
+    cluster the call raises instead): not known to be applied, to be sent again."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,6 +52,11 @@ class NoLeader(Unavailable):
     """rqlite is up but has no leader (election under way, or no quorum): not applied."""
 
 
+class ShardDown(Unavailable):
+    """Refused at once by a sharded transport: the group's shard did not answer a moment ago
+    and is being probed in the background (the other shards' groups are unaffected)."""
+
+
 class OutcomeUnknown(Unavailable):
     """The request was sent but its reply was lost (a leader that died while committing, a
     timeout, a dropped connection): it may or may not have been applied. The transport has

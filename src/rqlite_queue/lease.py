@@ -19,6 +19,9 @@ class Lease:
     """How many times this message has been claimed, this time included."""
     expires_at: float = 0.0
     """When the lease lapses (epoch seconds, the client's clock)."""
+    shard: str = ""
+    """The shard the message is on (a sharded transport's; "" on one cluster). Seqs are per
+    shard."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +36,8 @@ class DeadLetter:
     reason: str
     published_at: float
     dead_at: float
+    shard: str = ""
+    """The shard it is on (a sharded transport's; "" on one cluster): seqs are per shard."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +67,10 @@ class Stats:
     """An operator paused the queue's claims (`pause()`; publishes go on)."""
     last_seq: int = 0
     """The last seq given: how many messages were ever published to the queue (a requeued
-    dead letter counts again). Its growth against the depth's is the flow through the queue."""
+    dead letter counts again). Its growth against the depth's is the flow through the queue.
+    On a sharded queue, the sum of the shards' last seqs."""
+    shards_down: tuple[str, ...] = ()
+    """A sharded queue's shards that did not answer: the counts above leave them out."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +94,8 @@ class GroupInfo:
     """The worker id of the lease in force (None: not leased)."""
     head_age: float | None
     """Seconds since the head was published (None: no message)."""
+    shard: str = ""
+    """The shard the group lives on (a sharded transport's; "" on one cluster)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,15 +15,18 @@ import pytest
 
 from rqlite_queue import (
     AsyncRqliteTransport,
+    AsyncShardedTransport,
     AsyncSqliteTransport,
     AsyncTransport,
     RqliteTransport,
+    ShardedTransport,
     SqliteTransport,
     Transport,
 )
 from rqlite_queue.testing import Cluster
 
-BACKENDS = ["sqlite", "rqlite1", "rqlite3", "rqlite3-follower"]
+BACKENDS = ["sqlite", "rqlite1", "rqlite3", "rqlite3-follower", "rqlite-sharded2"]
+"""`rqlite-sharded2`: one queue over two 1-node clusters (a ShardedTransport)."""
 FLAVOURS = ["sync", "async"]
 _names = itertools.count()
 
@@ -58,7 +61,32 @@ class SyncAsAsync:
         return call
 
 
+def per_shard(q: Any, groups: list[str]) -> dict[str, list[str]]:
+    """`groups`, in order, split by the shard each lives on (one list on one cluster). The
+    claim order a single cluster promises exactly holds within each shard of a sharded queue:
+    tests of that order compare these projections."""
+    transport = getattr(q, "sync", q)
+    shard_of = getattr(transport, "shard_of", None)
+    if shard_of is None:
+        return {"": list(groups)}
+    split: dict[str, list[str]] = {}
+    for group in groups:
+        split.setdefault(shard_of(group), []).append(group)
+    return split
+
+
+@pytest.fixture(scope="session")
+def second_cluster(rqlited_path: str) -> Any:
+    """Another 1-node cluster: the second shard of `rqlite-sharded2`."""
+    with Cluster(1, binary=rqlited_path) as cluster:
+        yield cluster
+
+
 def backend_url(backend: str, request: pytest.FixtureRequest, tmp_path: Any) -> str:
+    if backend == "rqlite-sharded2":
+        first: Cluster = request.getfixturevalue("rqlite_cluster")
+        second: Cluster = request.getfixturevalue("second_cluster")
+        return f"a={first.url};b={second.url}"
     if backend == "sqlite":
         return "sqlite:///" + os.fspath(tmp_path / "queue.db")
     if backend == "rqlite1":
@@ -106,6 +134,16 @@ async def make_queue(url: str, flavour: str, clock: FakeClock) -> AsyncIterator[
         sqlite = url.startswith("sqlite")
         if not sqlite:
             options.setdefault("max_skew", None)  # the fake clock is years from rqlite's
+        if ";" in url:
+            if flavour == "async":
+                sharded = AsyncShardedTransport(url, **options)
+                await sharded.setup()
+                opened.append(sharded)
+                return sharded
+            sync_sharded = ShardedTransport(url, **options)
+            sync_sharded.setup()
+            opened.append(sync_sharded)
+            return SyncAsAsync(sync_sharded)
         if flavour == "async":
             cls: type[Any] = AsyncSqliteTransport if sqlite else AsyncRqliteTransport
             target = url.removeprefix("sqlite:///") if sqlite else url

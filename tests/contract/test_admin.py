@@ -28,7 +28,7 @@ async def test_groups_lists_each_state_with_its_head_lease_and_holder(
     await q.hold_group("held")
     await q.hold_group("held-empty")
     lease = await q.claim("worker-7", 30, min_priority=2)  # takes "leased" (priority 2)
-    nacked = await q.claim("w", 30)
+    nacked = await q.claim("w", 30, min_priority=1)
     assert (lease.group_id, nacked.group_id) == ("leased", "nacked")
     await q.nack(nacked, delay=45)
     clock.advance(10)

@@ -20,7 +20,7 @@ from rqlite_queue import (
     RawCodec,
 )
 
-from .conftest import FakeClock, MakeQueue
+from .conftest import FakeClock, MakeQueue, per_shard
 
 
 async def drain_order(q: Any, worker: str = "w") -> list[tuple[str, Any]]:
@@ -162,7 +162,8 @@ async def test_ack_many_acks_what_holds_and_names_what_did_not(q: Any, clock: Fa
 
 async def test_groups_are_served_round_robin(q: Any) -> None:
     await q.publish_many([(g, i) for i in range(3) for g in ("a", "b", "c")])
-    assert [g for g, _ in await drain_order(q)] == list("abcabcabc")
+    served = [g for g, _ in await drain_order(q)]
+    assert per_shard(q, served) == per_shard(q, list("abcabcabc"))
 
 
 async def test_never_claimed_groups_come_first_and_a_hot_group_cannot_starve_others(
@@ -187,7 +188,7 @@ async def test_a_group_refilled_after_each_ack_does_not_starve_the_others(q: Any
         await q.ack(lease)
         if lease.group_id == "hot":
             await q.publish("hot", step)
-    assert served == ["a", "b", "hot", "a", "b", "hot"]
+    assert per_shard(q, served) == per_shard(q, ["a", "b", "hot", "a", "b", "hot"])
 
 
 async def test_a_hand_made_lease_cannot_remove_a_later_message(q: Any) -> None:
@@ -222,7 +223,8 @@ async def test_min_priority_only_considers_groups_at_or_above_it(q: Any) -> None
     assert (await q.claim("w", 30, min_priority=4)).group_id == "high"
     assert (await q.claim("w", 30, min_priority=2)).group_id == "mid"
     assert await q.claim("w", 30, min_priority=2) is None
-    assert (await q.claim("w", 30)).group_id == "low0"
+    first = (await q.claim("w", 30)).group_id  # the first created (on its shard)
+    assert first in [groups[0] for groups in per_shard(q, [f"low{i}" for i in range(20)]).values()]
 
 
 async def test_a_groups_priority_is_fixed_by_its_first_publish(q: Any) -> None:

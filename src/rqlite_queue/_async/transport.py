@@ -26,6 +26,7 @@ from ..errors import BackendError, InvalidArgument, OutcomeUnknown, Unavailable
 from ..http_async import AiohttpClient
 from ..lease import DeadLetter, GroupInfo, Lease, Schedule, Stats
 from ..rqlite_http import MIN_ATTEMPT, parse_endpoints, redact
+from ..sharding import is_sharded_url
 from ..sql import Batch, Reply, Result
 from ..sqlite_backend import AsyncSqliteExecutor
 
@@ -82,13 +83,18 @@ class AsyncTransport:
     async def from_url(
         cls, url: str, *, connect_timeout: float = 30.0, **options: Any
     ) -> AsyncTransport:
-        """`sqlite:///path.db` (embedded) or `http(s)://host:port[,host:port...]` (rqlite).
+        """`sqlite:///path.db` (embedded), `http(s)://host:port[,host:port...]` (rqlite), or
+        several clusters (`a=http://...;b=http://...`, an `AsyncShardedTransport`).
         Waits until the backend answers and, for rqlite, has a leader; then creates or
         upgrades the tables. Raises `Unavailable` after `connect_timeout` seconds."""
         transport: AsyncTransport
         if not isinstance(url, str):
             raise InvalidArgument(f"not a URL: {type(url).__name__}")
-        if url.startswith("sqlite://"):
+        if is_sharded_url(url):
+            from .sharded import AsyncShardedTransport  # a subclass of this one
+
+            transport = AsyncShardedTransport(url, **options)
+        elif url.startswith("sqlite://"):
             transport = AsyncSqliteTransport(_sqlite_path(url), **options)
         elif url.startswith(("http://", "https://")):
             transport = AsyncRqliteTransport(url, **options)

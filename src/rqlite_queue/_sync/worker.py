@@ -286,7 +286,7 @@ class Worker:
                 log.warning("worker %s: round trip failed: %s", self.worker_id, exc)
                 runtime.wait(min(MAX_ERROR_WAIT, 0.05 * 2**errors))
                 continue
-            errors = 0
+            errors = errors + 1 if result.unsettled else 0  # unsettled: a shard did not answer
             self.stats.rounds += 1
             if free:
                 self.stats.record_claim(time.monotonic() - started)
@@ -299,6 +299,13 @@ class Worker:
                 key = (lease.group_id, lease.seq)
                 self._running[key] = lease
                 runtime.start(self.handler, lease, key, self._on_done)
+            if result.unsettled:  # its settlements wait for it, without spinning
+                log.warning(
+                    "worker %s: %d settlements wait for their shard",
+                    self.worker_id,
+                    len(result.unsettled),
+                )
+                runtime.wait(min(MAX_ERROR_WAIT, 0.05 * 2**errors))
 
     def _worth_claiming(self, runtime: SyncRuntime) -> bool:
         """Idle: is a claim worth a write? A read without a Raft round decides."""
@@ -385,6 +392,10 @@ class Worker:
         ]
 
     def _settled(self, pending: _Pending, result: Round, extend: list[Lease]) -> None:
+        if result.unsettled:  # a shard did not answer: its settlements go in the next round
+            again = {id(lease) for lease in result.unsettled}
+            pending, retry = _split_pending(pending, again)
+            self._pending.put_back(retry)
         lost = {id(lease) for lease in result.lost}
         for lease in result.lost:
             self.stats.leases_lost += 1
@@ -407,6 +418,18 @@ class Worker:
             if id(lease) in lost:
                 # Taken over: its handler's result will be dropped when it finishes.
                 self._running.pop((lease.group_id, lease.seq), None)
+
+
+def _split_pending(pending: _Pending, again: set[int]) -> tuple[_Pending, _Pending]:
+    """(the settlements that were applied, those of leases in `again`)."""
+    done, retry = _Pending(), _Pending()
+    for lease in pending.ack:
+        (retry if id(lease) in again else done).ack.append(lease)
+    for nack in pending.nack:
+        (retry if id(nack[0]) in again else done).nack.append(nack)
+    for dead in pending.dead:
+        (retry if id(dead[0]) in again else done).dead.append(dead)
+    return done, retry
 
 
 def _fields(lease: Lease, worker_id: str) -> dict[str, Any]:

@@ -54,7 +54,7 @@ class Config:
         """`from_url` options: wait `timeout` for the backend, and on rqlite let each
         operation retry (failover, lost replies) for as long."""
         options: dict[str, Any] = {"queue": self.queue, "connect_timeout": self.timeout}
-        if self.url.startswith(("http://", "https://")):
+        if "http://" in self.url or "https://" in self.url:  # one cluster, or several
             options["deadline"] = self.timeout
         return options
 

@@ -1,0 +1,229 @@
+"""Groups spread over several clusters (shards): where a group lives, and how the shards'
+answers combine. Pure functions, no I/O; the sharded transports (`_async/sharded.py`) run them.
+
+A group lives on exactly one shard, chosen by rendezvous (highest random weight) hashing of its
+id over the shards' *names*: each shard scores the group with a hash of (name, group id) and the
+highest score wins. Adding a shard moves only the groups it now wins (about 1/(K+1) of them),
+removing one moves only its own, and the order in which shards are listed moves nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+from .core import Probe, PublishItem
+from .errors import InvalidArgument
+from .lease import Stats
+
+T = TypeVar("T")
+
+SHARD_NAME = re.compile(r"[a-z0-9][a-z0-9_.:-]{0,62}")
+SEPARATOR = ";"
+
+
+@dataclass(frozen=True, slots=True)
+class ShardSpec:
+    """One shard: its name (what groups hash on) and its backend URL (a cluster's nodes,
+    comma-separated, or an SQLite file)."""
+
+    name: str
+    url: str
+
+
+def check_shard_name(name: object) -> str:
+    if not isinstance(name, str) or not SHARD_NAME.fullmatch(name):
+        raise InvalidArgument(
+            f"shard name {name!r}: use 1-63 of a-z, 0-9, '_', '.', ':', '-' "
+            "(starting with a letter or digit)"
+        )
+    return name
+
+
+def is_sharded_url(url: str) -> bool:
+    """Several clusters (`;`), or one named (`name=URL`)."""
+    return SEPARATOR in url or bool(re.match(r"[a-z0-9][a-z0-9_.:-]*=", url))
+
+
+def parse_shards(url: str) -> list[ShardSpec]:
+    """`a=http://h1:4001,http://h2:4001;b=http://h3:4001`: clusters separated by `;`, each
+    optionally named `name=`. An unnamed shard is named after its first node (`h3:4001`): name
+    your shards if that address may change, since a new name moves the shard's groups."""
+    if not isinstance(url, str):
+        raise InvalidArgument(f"not a URL: {type(url).__name__}")
+    specs: list[ShardSpec] = []
+    for part in url.split(SEPARATOR):
+        part = part.strip()
+        if not part:
+            raise InvalidArgument("an empty shard in the shard list (two ';' in a row?)")
+        name, sep, rest = part.partition("=")
+        if sep and "://" not in name:
+            check_shard_name(name)
+            shard_url = rest.strip()
+        else:
+            shard_url, name = part, _default_name(part)
+        if not shard_url.startswith(("http://", "https://", "sqlite://")):
+            raise InvalidArgument(f"shard {name!r}: unknown URL scheme (use http, https, sqlite)")
+        specs.append(ShardSpec(name, shard_url))
+    names = [s.name for s in specs]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise InvalidArgument(f"shard names must differ: {', '.join(duplicates)} repeated")
+    return specs
+
+
+def _default_name(url: str) -> str:
+    first = url.split(",")[0]
+    if first.startswith("sqlite://"):
+        raise InvalidArgument("an SQLite shard needs a name: name=sqlite:///path.db")
+    parts = urlsplit(first)
+    host = parts.hostname or ""
+    name = f"{host}:{parts.port}" if parts.port else host
+    if not SHARD_NAME.fullmatch(name):
+        raise InvalidArgument(f"cannot name the shard of {first!r}: give it a name (name=URL)")
+    return name
+
+
+def _score(name: str, group_id: str) -> int:
+    key = name.encode() + b"\0" + group_id.encode("utf-8", "surrogatepass")
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big")
+
+
+def ranking(group_id: str, names: Iterable[str]) -> list[str]:
+    """The shards in the group's order of preference: its home first."""
+    return sorted(names, key=lambda name: (_score(name, group_id), name), reverse=True)
+
+
+def home(group_id: str, names: Sequence[str]) -> str:
+    """The shard the group lives on."""
+    return max(names, key=lambda name: (_score(name, group_id), name))
+
+
+def scoped_dedup_id(group_id: str, dedup_id: str) -> str:
+    """A dedup id scoped to its group: the same id in two groups is two publishes (on one
+    cluster or many), and the stored text stays short whatever the ids' lengths."""
+    key = group_id.encode("utf-8", "surrogatepass") + b"\0" + dedup_id.encode()
+    return "g:" + hashlib.blake2b(key, digest_size=16).hexdigest()
+
+
+def unpack_item(item: PublishItem) -> dict[str, Any]:
+    """A publish_many item as a mapping (the shapes `publish_many` takes); the core checks the
+    values."""
+    if isinstance(item, Mapping):
+        return dict(item)
+    if isinstance(item, tuple) and len(item) in (2, 3):
+        unpacked: dict[str, Any] = {"group_id": item[0], "event": item[1]}
+        if len(item) == 3:
+            unpacked["priority"] = item[2]
+        return unpacked
+    raise InvalidArgument(
+        "a publish_many item is (group_id, event), (group_id, event, priority) or a mapping"
+    )
+
+
+def split_by_shard(
+    items: Sequence[dict[str, Any]], shard_of: Callable[[str], str]
+) -> dict[str, list[int]]:
+    """Which items (by index) go to which shard, in their order."""
+    parts: dict[str, list[int]] = {}
+    for index, item in enumerate(items):
+        parts.setdefault(shard_of(item["group_id"]), []).append(index)
+    return parts
+
+
+def rotation(names: Sequence[str], start: int) -> list[str]:
+    """The shards from `start` (mod K) on, wrapping around: where claims begin rotates."""
+    k = start % len(names)
+    return [*names[k:], *names[:k]]
+
+
+def shares(n: int, names: Sequence[str]) -> dict[str, int]:
+    """`n` claims spread over the shards as evenly as possible, the first ones getting the
+    remainder (callers rotate the order)."""
+    base, extra = divmod(n, len(names))
+    return {name: base + (1 if i < extra else 0) for i, name in enumerate(names)}
+
+
+def merge_probes(probes: Iterable[Probe]) -> Probe:
+    """Claimable if any shard is; the earliest due time and tick of them all."""
+    probes = list(probes)
+    dues = [p.next_due for p in probes if p.next_due is not None]
+    ticks = [p.next_tick for p in probes if p.next_tick is not None]
+    return Probe(
+        claimable=any(p.claimable for p in probes),
+        next_due=min(dues) if dues else None,
+        next_tick=min(ticks) if ticks else None,
+    )
+
+
+def merge_stats(stats: Iterable[Stats]) -> Stats:
+    """The queue's totals over its shards. `oldest_age` is the oldest of all; `paused` holds if
+    any shard is paused; `last_seq` sums how many messages each shard was ever given."""
+    stats = list(stats)
+    ages = [s.oldest_age for s in stats if s.oldest_age is not None]
+    by_priority: dict[int, int] = {}
+    for s in stats:
+        for priority, count in s.by_priority.items():
+            by_priority[priority] = by_priority.get(priority, 0) + count
+    return Stats(
+        depth=sum(s.depth for s in stats),
+        groups=sum(s.groups for s in stats),
+        in_flight=sum(s.in_flight for s in stats),
+        parked=sum(s.parked for s in stats),
+        dead=sum(s.dead for s in stats),
+        oldest_age=max(ages) if ages else None,
+        by_priority=by_priority,
+        held=sum(s.held for s in stats),
+        delayed=sum(s.delayed for s in stats),
+        expired=sum(s.expired for s in stats),
+        paused=any(s.paused for s in stats),
+        last_seq=sum(s.last_seq for s in stats),
+    )
+
+
+def merge_sorted(pages: Iterable[Sequence[T]], key: Callable[[T], Any], limit: int) -> list[T]:
+    """The first `limit` of several sorted pages, in order."""
+    merged = sorted((item for page in pages for item in page), key=key)
+    return merged[:limit]
+
+
+class Health:
+    """Which shards are down: a shard whose call failed as unavailable is skipped by claims and
+    refused at once for publishes until a background probe finds it answering again. Pure: the
+    caller gives the time."""
+
+    FIRST_RETRY = 0.5
+    MAX_RETRY = 5.0
+
+    def __init__(self) -> None:
+        self._down: dict[str, tuple[float, float, float]] = {}  # name -> (since, retry_at, wait)
+
+    def is_down(self, name: str) -> bool:
+        return name in self._down
+
+    def down(self) -> list[str]:
+        return sorted(self._down)
+
+    def since(self, name: str) -> float | None:
+        entry = self._down.get(name)
+        return entry[0] if entry else None
+
+    def failed(self, name: str, now: float) -> None:
+        """A call (or a probe) found the shard unavailable: retry after a growing wait."""
+        since, _, wait = self._down.get(name, (now, now, 0.0))
+        wait = min(self.MAX_RETRY, max(self.FIRST_RETRY, wait * 2))
+        self._down[name] = (since, now + wait, wait)
+
+    def recovered(self, name: str) -> None:
+        self._down.pop(name, None)
+
+    def due(self, now: float) -> list[str]:
+        """The down shards whose next probe is due."""
+        return sorted(name for name, (_, retry_at, _) in self._down.items() if retry_at <= now)
+
+    def next_retry(self) -> float | None:
+        return min((retry_at for _, retry_at, _ in self._down.values()), default=None)
