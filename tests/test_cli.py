@@ -62,6 +62,9 @@ COMMANDS = [
     ["cluster"],
     ["cluster", "up"],
     ["rqlited"],
+    ["shards"],
+    ["shards", "status"],
+    ["shards", "drain"],
     ["demo"],
 ]
 

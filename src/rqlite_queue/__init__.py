@@ -25,6 +25,7 @@ from .errors import (
     QueueError,
     SchemaError,
     ShardDown,
+    StaleShardList,
     TransportClosed,
     Unavailable,
 )
@@ -65,6 +66,7 @@ __all__ = [
     "ShardDown",
     "ShardedTransport",
     "SqliteTransport",
+    "StaleShardList",
     "Stats",
     "Transport",
     "TransportClosed",

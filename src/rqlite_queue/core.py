@@ -562,6 +562,10 @@ class QueueCore:
             sql.put_schedule(self.names, row, now=now), lambda r: schedule, lambda r: schedule
         )
 
+    def put_row(self, row: sql.ScheduleRow) -> Plan[None]:
+        """Store a schedule row as it is (a sharded queue moving it to its group's shard)."""
+        return Plan(sql.put_schedule(self.names, row, now=self._now()), _nothing, _nothing)
+
     def _schedule(self, row: sql.ScheduleRow) -> Schedule:
         return Schedule(
             row.name,

@@ -66,6 +66,11 @@ class OutcomeUnknown(Unavailable):
     out while the outcome was still unknown."""
 
 
+class StaleShardList(QueueError):
+    """A sharded transport's shard list is older than the one a shard has been given (its
+    `epoch=` is lower): nothing was published. Give the client the new list."""
+
+
 class AuthError(QueueError):
     """rqlite refused the credentials (HTTP 401/403). Not retried."""
 

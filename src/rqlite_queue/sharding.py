@@ -26,13 +26,67 @@ SHARD_NAME = re.compile(r"[a-z0-9][a-z0-9_.:-]{0,62}")
 SEPARATOR = ";"
 
 
+ACTIVE, JOINING, DRAINING = "active", "joining", "draining"
+
+
 @dataclass(frozen=True, slots=True)
 class ShardSpec:
-    """One shard: its name (what groups hash on) and its backend URL (a cluster's nodes,
-    comma-separated, or an SQLite file)."""
+    """One shard: its name (what groups hash on), its backend URL (a cluster's nodes,
+    comma-separated, or an SQLite file), and its part in a change of the list: `joining`
+    (`+name=`: takes the groups it wins once their old shard has delivered what it holds) or
+    `draining` (`-name=`: takes no new group; its groups move once they are empty there)."""
 
     name: str
     url: str
+    state: str = ACTIVE
+
+
+@dataclass(frozen=True, slots=True)
+class ShardList:
+    """The shards of a queue and the list's epoch: raised with each change of the list
+    (`epoch=N;...`), so that a client with an older list cannot publish where it would break
+    a group (see `docs/sharding.md`)."""
+
+    specs: tuple[ShardSpec, ...]
+    epoch: int = 0
+
+    @property
+    def names(self) -> list[str]:
+        return [s.name for s in self.specs]
+
+    @property
+    def changing(self) -> bool:
+        return any(s.state != ACTIVE for s in self.specs)
+
+    def placement(self, group_id: str) -> tuple[str, str]:
+        """(target, previous): the shard that takes the group's new messages once it has
+        none elsewhere, and the shard it lived on before the change under way (the same one
+        for a group that does not move)."""
+        target = home(group_id, [s.name for s in self.specs if s.state != DRAINING])
+        before = [s.name for s in self.specs if s.state != JOINING]
+        return target, home(group_id, before) if before else target
+
+
+@dataclass(frozen=True, slots=True)
+class ShardStatus:
+    """One shard, as `shard_status()` reports it during a change of the shard list (None:
+    the shard did not answer)."""
+
+    name: str
+    state: str
+    up: bool
+    epoch: int | None
+    """The shard list epoch this shard has been given (by the publishes of clients)."""
+    depth: int | None
+    groups: int | None
+    leaving: int | None
+    """Groups with messages here whose new messages go to another shard: the change is done
+    for this shard when it is 0."""
+    waiting: int | None
+    """Groups moved here, held until their old shard has delivered their messages."""
+    dead: int | None
+    schedules_elsewhere: int | None
+    """Schedules here whose group lives on another shard (moved when next due)."""
 
 
 def check_shard_name(name: object) -> str:
@@ -45,21 +99,37 @@ def check_shard_name(name: object) -> str:
 
 
 def is_sharded_url(url: str) -> bool:
-    """Several clusters (`;`), or one named (`name=URL`)."""
-    return SEPARATOR in url or bool(re.match(r"[a-z0-9][a-z0-9_.:-]*=", url))
+    """Several clusters (`;`), or one named (`name=URL`, `+name=URL`)."""
+    return SEPARATOR in url or bool(re.match(r"[+-]?[a-z0-9][a-z0-9_.:-]*=", url))
 
 
 def parse_shards(url: str) -> list[ShardSpec]:
-    """`a=http://h1:4001,http://h2:4001;b=http://h3:4001`: clusters separated by `;`, each
-    optionally named `name=`. An unnamed shard is named after its first node (`h3:4001`): name
-    your shards if that address may change, since a new name moves the shard's groups."""
+    """The shards of a shard list (see `parse_shard_list`)."""
+    return list(parse_shard_list(url).specs)
+
+
+def parse_shard_list(url: str) -> ShardList:
+    """`epoch=2;a=http://h1:4001,http://h2:4001;b=http://h3:4001;+c=http://h4:4001`: clusters
+    separated by `;`, each optionally named `name=`, marked `+` (joining) or `-` (draining)
+    while the list changes; `epoch=N` (default 0) is raised with each change. An unnamed shard
+    is named after its first node (`h3:4001`): name your shards if that address may change,
+    since a new name moves the shard's groups."""
     if not isinstance(url, str):
         raise InvalidArgument(f"not a URL: {type(url).__name__}")
     specs: list[ShardSpec] = []
+    epoch: int | None = None
     for part in url.split(SEPARATOR):
         part = part.strip()
         if not part:
             raise InvalidArgument("an empty shard in the shard list (two ';' in a row?)")
+        if part.startswith("epoch="):
+            if epoch is not None or not part[6:].isdigit() or len(part) > 18:
+                raise InvalidArgument(f"{part!r}: give one epoch=N, N a whole number")
+            epoch = int(part[6:])
+            continue
+        state = {"+": JOINING, "-": DRAINING}.get(part[0], ACTIVE)
+        if state != ACTIVE:
+            part = part[1:]
         name, sep, rest = part.partition("=")
         if sep and "://" not in name:
             check_shard_name(name)
@@ -68,12 +138,22 @@ def parse_shards(url: str) -> list[ShardSpec]:
             shard_url, name = part, _default_name(part)
         if not shard_url.startswith(("http://", "https://", "sqlite://")):
             raise InvalidArgument(f"shard {name!r}: unknown URL scheme (use http, https, sqlite)")
-        specs.append(ShardSpec(name, shard_url))
+        specs.append(ShardSpec(name, shard_url, state))
     names = [s.name for s in specs]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise InvalidArgument(f"shard names must differ: {', '.join(duplicates)} repeated")
-    return specs
+    if not specs:
+        raise InvalidArgument("a shard list needs at least one shard")
+    if all(s.state == DRAINING for s in specs):
+        raise InvalidArgument("every shard is draining: no shard would take new groups")
+    shard_list = ShardList(tuple(specs), epoch or 0)
+    if shard_list.changing and not shard_list.epoch:
+        raise InvalidArgument(
+            "a list with joining (+) or draining (-) shards needs epoch=N, higher than the "
+            "epoch of the list before it"
+        )
+    return shard_list
 
 
 def _default_name(url: str) -> str:

@@ -851,7 +851,7 @@ GROUP_STATES = ("ready", "leased", "parked", "delayed", "held")
 # A group's state for operators: `held` first (whatever else holds), then its lease, park or
 # delayed head while not over (a lapsed one is `ready`: the next claim takes it).
 _GROUP_STATE = (
-    "CASE WHEN g.held = 1 THEN 'held' WHEN g.ready = 1 OR g.until <= :now THEN 'ready' "
+    "CASE WHEN g.held != 0 THEN 'held' WHEN g.ready = 1 OR g.until <= :now THEN 'ready' "
     "WHEN g.parked = 1 THEN 'parked' WHEN g.parked = 2 THEN 'delayed' ELSE 'leased' END"
 )
 
@@ -870,7 +870,7 @@ def list_groups(
     `after` (keyset pagination: a walk of the primary key, which a prefix bounds as the range
     [prefix[0], prefix[1]); `state` and `min_priority` filter the rows walked). Per group: its
     depth and its head, from the group's range of the messages index."""
-    where = ["(g.ready != 2 OR g.held = 1)"]
+    where = ["(g.ready != 2 OR g.held != 0)"]
     params: dict[str, Any] = {"now": now, "limit": limit}
     if after is not None:
         where.append(f"g.group_id > {_TEXT.format(name='after')}")
@@ -1147,7 +1147,7 @@ def stats(n: Names, *, now: float) -> Batch:
         f"(SELECT count(*) FROM {n.groups} WHERE ready = 0 AND parked = 1 AND until > :now), "
         f"(SELECT count(*) FROM {n.dead}), "
         f"(SELECT published_at FROM {n.messages} ORDER BY seq LIMIT 1), "
-        f"(SELECT count(*) FROM {n.groups} WHERE held = 1), "
+        f"(SELECT count(*) FROM {n.groups} WHERE held != 0), "
         f"(SELECT count(*) FROM {n.messages} WHERE due > :now)",
         {"now": now},
         slot="counts",
@@ -1178,3 +1178,113 @@ def peek(n: Names, group_id: str, *, limit: int) -> Batch:
         slot="messages",
     )
     return b.build()
+
+
+# ------------------------------------------------------------------------- shard changes
+#
+# While a sharded queue's shard list changes (sharding.py), every publish batch of a sharded
+# client starts with the list's epoch: the stored one is raised to the client's, and a client
+# with an older list fails on NOT NULL of `meta.value` (told apart by that error), so it
+# cannot put a message on the shard a group has left. A group that moves publishes on its new
+# shard, held there (`held` = 2) while its old shard still has its messages; the hold ends
+# when the old shard has none left.
+
+STALE_EPOCH_ERROR = "NOT NULL constraint failed: {meta}.value"
+WAITING = 2
+"""`groups.held` of a group waiting for its old shard to deliver its messages."""
+
+
+def epoch_guards(n: Names, *, epoch: int) -> list[Statement]:
+    """Statements to put first in a sharded client's publish batch (see above)."""
+    return [
+        Statement(
+            f"INSERT INTO {n.meta} (key, value) VALUES ('shard_epoch', :e) "
+            f'ON CONFLICT ("key") DO UPDATE SET value = excluded.value '
+            f"WHERE value < excluded.value",
+            {"e": epoch},
+        ),
+        Statement(
+            f"INSERT INTO {n.meta} (key, value) SELECT 'stale_shard_list', NULL "
+            f"WHERE EXISTS (SELECT 1 FROM {n.meta} WHERE \"key\" = 'shard_epoch' AND value > :e)",
+            {"e": epoch},
+        ),
+    ]
+
+
+def groups_present(n: Names, group_ids: Sequence[str], *, epoch: int) -> Batch:
+    """Which of `group_ids` have messages here: a write (it raises the stored epoch), so that
+    from then on no client with an older list adds any."""
+    b = _Builder()
+    for guard in epoch_guards(n, epoch=epoch):
+        b.add(guard.sql, guard.params)
+    b.add(
+        f"SELECT DISTINCT group_id FROM {n.messages} "
+        f"WHERE group_id IN (SELECT value FROM json_each(:gs))",
+        {"gs": _json(list(group_ids))},
+        slot="present",
+    )
+    return b.build()
+
+
+def read_present(reply: Reply) -> set[str]:
+    return {row[0] for row in reply["present"].rows}
+
+
+def wait_for_old_shard(n: Names, group_ids: Sequence[str]) -> Statement:
+    """Hold these groups (until `release_waits`) unless an operator holds them already."""
+    return Statement(
+        f"INSERT INTO {n.groups} (group_id, priority, ready, held) "
+        f"SELECT value, 0, 2, {WAITING} FROM json_each(:gs) WHERE true "
+        f"ON CONFLICT (group_id) DO UPDATE SET held = {WAITING} WHERE held = 0",
+        {"gs": _json(list(group_ids))},
+    )
+
+
+def release_waits(n: Names, group_ids: Sequence[str]) -> Batch:
+    b = _Builder()
+    b.add(
+        f"UPDATE {n.groups} SET held = 0 WHERE held = {WAITING} "
+        f"AND group_id IN (SELECT value FROM json_each(:gs))",
+        {"gs": _json(list(group_ids))},
+    )
+    return b.build()
+
+
+def waiting_groups(n: Names, *, limit: int) -> Batch:
+    b = _Builder(write=False)
+    b.add(
+        f"SELECT group_id FROM {n.groups} WHERE held = {WAITING} LIMIT :limit",
+        {"limit": limit},
+        slot="waiting",
+    )
+    return b.build()
+
+
+def read_waiting(reply: Reply) -> list[str]:
+    return [row[0] for row in reply["waiting"].rows]
+
+
+def guarded(batch: Batch, guards: Sequence[Statement]) -> Batch:
+    """`batch` with `guards` first (its slots moved along)."""
+    shift = len(guards)
+    return Batch(
+        (*guards, *batch.statements),
+        batch.write,
+        batch.local,
+        {slot: index + shift for slot, index in batch.slots.items()},
+        batch.returning,
+    )
+
+
+def shard_epoch(n: Names) -> Batch:
+    b = _Builder(write=False)
+    b.add(
+        f"SELECT value FROM {n.meta} WHERE \"key\" = 'shard_epoch'",
+        slot="epoch",
+    )
+    return b.build()
+
+
+def read_shard_epoch(reply: Reply) -> int:
+    rows = reply["epoch"].rows
+    return int(rows[0][0]) if rows else 0

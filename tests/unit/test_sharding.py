@@ -138,3 +138,24 @@ def test_a_down_shard_is_retried_with_a_growing_wait() -> None:
     assert health.next_retry() == 200.0 + Health.MAX_RETRY
     health.recovered("b")
     assert not health.is_down("b") and health.next_retry() is None
+
+
+def test_a_change_of_the_list_is_marked_with_an_epoch() -> None:
+    from rqlite_queue.sharding import DRAINING, JOINING, parse_shard_list
+
+    adding = parse_shard_list("epoch=3;a=http://h:1;b=http://h:2;+c=http://h:3")
+    assert adding.epoch == 3 and adding.changing
+    assert [s.state for s in adding.specs] == ["active", "active", JOINING]
+    moved = 0
+    for group in GROUPS[:5000]:
+        target, previous = adding.placement(group)
+        assert previous == home(group, ["a", "b"]) and target == home(group, ["a", "b", "c"])
+        moved += target != previous
+    assert abs(moved / 5000 - 1 / 3) < 0.03
+
+    draining = parse_shard_list("epoch=4;a=http://h:1;b=http://h:2;-c=http://h:3")
+    assert draining.specs[2].state == DRAINING
+    for group in GROUPS[:2000]:
+        target, previous = draining.placement(group)
+        assert target in ("a", "b") and previous == home(group, ["a", "b", "c"])
+    assert not parse_shard_list("a=http://h:1").changing

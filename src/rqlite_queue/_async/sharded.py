@@ -12,6 +12,7 @@ publishes, and probed in the background until it answers again.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import random
@@ -19,35 +20,39 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
+from .. import sql
 from .._runtime import AsyncFanOut, Awaitable
 from ..checks import check_id, show
 from ..codec import Codec
-from ..core import Probe, PublishItem, QueueCore, Round
+from ..core import Plan, Probe, PublishItem, QueueCore, Round
 from ..errors import (
+    BackendError,
     InvalidArgument,
     LeaseLost,
     QueueError,
     ShardDown,
+    StaleShardList,
     TransportClosed,
     Unavailable,
 )
 from ..lease import DeadLetter, GroupInfo, Lease, Schedule, Stats
 from ..sharding import (
     Health,
+    ShardList,
     ShardSpec,
+    ShardStatus,
     check_shard_name,
-    home,
     merge_probes,
     merge_sorted,
     merge_stats,
-    parse_shards,
+    parse_shard_list,
     rotation,
     scoped_dedup_id,
     shares,
     split_by_shard,
     unpack_item,
 )
-from ..sql import Batch, Result
+from ..sql import STALE_EPOCH_ERROR, Batch, Result, ScheduleRow
 from .transport import (
     DEFAULT_DEADLINE,
     AsyncRqliteTransport,
@@ -61,6 +66,9 @@ T = TypeVar("T")
 
 _RQLITE_ONLY = frozenset({"auth", "verify", "timeout", "max_skew", "skew_warning"})
 PROBE_DEADLINE = 2.0
+RELEASE_SWEEP = 1.0
+"""While the shard list changes, how often `fire_schedules` (called by workers) looks for
+moved groups still held on their new shard after their old one emptied (after a crash)."""
 """How long a background probe of a down shard may take."""
 
 
@@ -103,6 +111,8 @@ class AsyncShardedTransport(AsyncTransport):
         super().__init__(_Routed(), core, deadline=deadline)
         self._dedup_key = dedup_key
         self._shards: dict[str, AsyncTransport] = {}
+        specs: list[ShardSpec] = []
+        epoch = 0
         if isinstance(shards, Mapping):
             for name, transport in shards.items():
                 if not isinstance(transport, AsyncTransport):
@@ -112,8 +122,10 @@ class AsyncShardedTransport(AsyncTransport):
                         f"shard {name!r} is on queue {transport.queue!r}, not {queue!r}"
                     )
                 self._shards[check_shard_name(name)] = transport
+                specs.append(ShardSpec(name, ""))
         else:
-            specs = parse_shards(shards)
+            parsed = parse_shard_list(shards)
+            specs, epoch = list(parsed.specs), parsed.epoch
             try:
                 for spec in specs:
                     self._shards[spec.name] = _open_shard(
@@ -130,11 +142,14 @@ class AsyncShardedTransport(AsyncTransport):
                 raise
         if not self._shards:
             raise InvalidArgument("a sharded transport needs at least one shard")
+        self.shard_list = ShardList(tuple(specs), epoch)
+        """The shards, their part in a change of the list, and the list's epoch."""
         self.names: list[str] = list(self._shards)
         """The shards' names, in the order given."""
         self.health = Health()
         self._fan = AsyncFanOut(len(self._shards))
         self._turn = 0
+        self._next_release_sweep = 0.0
 
     def shard(self, name: str) -> AsyncTransport:
         """The transport of one shard."""
@@ -144,9 +159,25 @@ class AsyncShardedTransport(AsyncTransport):
             raise InvalidArgument(f"no shard named {name!r} (shards: {self.names})") from None
 
     def shard_of(self, group_id: str) -> str:
-        """The name of the shard `group_id` lives on."""
+        """The name of the shard `group_id` lives on (while the shard list changes: the shard
+        that takes its new messages once its old shard has none left)."""
         check_id(group_id, "group_id")
-        return home(group_id, self.names)
+        return self.shard_list.placement(group_id)[0]
+
+    def placement(self, group_id: str) -> tuple[str, str]:
+        """(target, previous) of `ShardList.placement`: the same shard twice unless the group
+        moves in the change of the shard list under way."""
+        check_id(group_id, "group_id")
+        return self.shard_list.placement(group_id)
+
+    async def _locate(self, group_id: str) -> str:
+        """The shard that has the group's messages now: its previous shard while it still
+        has messages there during a change of the list, else its target."""
+        target, previous = self.placement(group_id)
+        if target == previous:
+            return target
+        here = await self._on(previous, lambda shard: shard.peek(group_id, 1))
+        return previous if here else target
 
     def down_shards(self) -> list[str]:
         """The shards that did not answer and are being probed in the background."""
@@ -299,21 +330,144 @@ class AsyncShardedTransport(AsyncTransport):
         not_before: float | None = None,
         ttl: float | None = None,
     ) -> int:
+        """As on one cluster, on the group's shard. While the shard list changes, a group
+        that moves is published on its new shard, held there while its old shard still has
+        its messages (one request to the old shard first)."""
         self._check_open()
-        name = self.shard_of(group_id)
-        scoped = self._dedup(group_id, event, dedup_id)
-        return await self._on(
-            name,
-            lambda shard: shard.publish(
-                group_id,
-                event,
-                priority,
-                dedup_id=scoped,
-                delay=delay,
-                not_before=not_before,
-                ttl=ttl,
+        item = {
+            "group_id": group_id,
+            "event": event,
+            "priority": priority,
+            "dedup_id": self._dedup(group_id, event, dedup_id),
+            "delay": delay,
+            "not_before": not_before,
+            "ttl": ttl,
+        }
+        return (await self._publish_items([item]))[0]
+
+    async def _publish_items(self, items: list[dict[str, Any]]) -> list[int]:
+        """Publish checked items: per target shard, atomically; the moving groups that still
+        have messages on their old shard held on the new one until those are delivered."""
+        self._core.publish_many(items)  # every item checked before anything is sent
+        waiting = await self._still_on_old_shards({item["group_id"] for item in items})
+        parts = split_by_shard(items, lambda group: self.shard_list.placement(group)[0])
+        for name in parts:
+            self._check_up(name)
+
+        async def part(name: str, shard: AsyncTransport) -> list[int]:
+            mine = [items[i] for i in parts[name]]
+            held = sorted({item["group_id"] for item in mine} & waiting)
+            extra = [sql.wait_for_old_shard(shard._core.names, held)] if held else []
+            plan = _guarded(shard._core.publish_many(mine), shard, self.shard_list.epoch, extra)
+            try:
+                return await shard._run(plan)
+            except BackendError as exc:
+                raise self._stale(name, shard, exc) from exc
+
+        results = await self._on_many(list(parts), part)
+        seqs = [0] * len(items)
+        failed: list[tuple[str, BaseException]] = []
+        for name, indexes in parts.items():
+            result = results[name]
+            if isinstance(result, BaseException):
+                failed.append((name, result))
+                continue
+            for index, seq in zip(indexes, result, strict=True):
+                seqs[index] = seq
+        if failed:
+            if len(parts) == 1:
+                raise failed[0][1]
+            applied = [name for name in parts if not isinstance(results[name], BaseException)]
+            raise Unavailable(
+                f"publish_many: not published on shard(s) "
+                f"{'; '.join(f'{name}: {exc}' for name, exc in failed)}"
+                + (f" (published on {', '.join(applied)})" if applied else "")
+            )
+        return seqs
+
+    async def _still_on_old_shards(self, group_ids: Iterable[str]) -> set[str]:
+        """Of these groups, the moving ones that still have messages on their old shard. The
+        question is a write there, which gives the old shard this client's epoch: from then
+        on no client with an older list can add to them."""
+        asked: dict[str, list[str]] = {}
+        for group_id in group_ids:
+            target, previous = self.shard_list.placement(group_id)
+            if target != previous:
+                asked.setdefault(previous, []).append(group_id)
+        if not asked:
+            return set()
+        for name in asked:
+            self._check_up(name)
+
+        async def ask(name: str, shard: AsyncTransport) -> set[str]:
+            batch = sql.groups_present(shard._core.names, asked[name], epoch=self.shard_list.epoch)
+            try:
+                return await shard._run(Plan(batch, sql.read_present, sql.read_present))
+            except BackendError as exc:
+                raise self._stale(name, shard, exc) from exc
+
+        results = await self._on_many(list(asked), ask)
+        present: set[str] = set()
+        for result in results.values():
+            if isinstance(result, BaseException):
+                raise result  # where the group is cannot be known: nothing is published
+            present |= result
+        return present
+
+    def _stale(self, name: str, shard: AsyncTransport, exc: BackendError) -> BaseException:
+        """What a failed guarded batch means: StaleShardList, or the error itself."""
+        if STALE_EPOCH_ERROR.format(meta=shard._core.names.meta) in str(exc):
+            return StaleShardList(
+                f"shard {name!r} has been given a newer shard list than this client's "
+                f"(epoch {self.shard_list.epoch}): nothing was published; give this client "
+                "the new list"
+            )
+        return exc
+
+    async def _release_moved(self, leases: Iterable[Lease]) -> None:
+        """After messages left a moving group's old shard (acked, dead-lettered): if it has
+        none left there, its new shard may serve it."""
+        if not self.shard_list.changing:
+            return
+        groups = {
+            lease.group_id
+            for lease in leases
+            if lease.shard
+            and lease.shard == self.shard_list.placement(lease.group_id)[1]
+            and self.shard_list.placement(lease.group_id)[0] != lease.shard
+        }
+        if groups:
+            await self._release_if_gone(groups)
+
+    async def _release_if_gone(self, groups: set[str]) -> None:
+        present = await self._still_on_old_shards(groups)
+        gone = groups - present
+        by_target: dict[str, list[str]] = {}
+        for group_id in gone:
+            by_target.setdefault(self.shard_list.placement(group_id)[0], []).append(group_id)
+        await self._on_many(
+            list(by_target),
+            lambda name, shard: shard._run(
+                Plan(sql.release_waits(shard._core.names, sorted(by_target[name])), _none)
             ),
         )
+
+    async def release_moved_groups(self) -> int:
+        """Let the new shards serve the moving groups whose old shard has delivered all of
+        theirs (done after each such ack too; this catches any a crash left held). Returns
+        how many were still held."""
+        self._check_open()
+        if not self.shard_list.changing:
+            return 0
+        results = await self._answering(
+            lambda _, shard: shard._run(
+                Plan(sql.waiting_groups(shard._core.names, limit=10_000), sql.read_waiting)
+            )
+        )
+        waiting = {group_id for found in results.values() for group_id in found}
+        if waiting:
+            await self._release_if_gone(waiting)
+        return len(waiting)
 
     async def publish_many(self, items: Iterable[PublishItem]) -> list[int]:
         """As on one cluster, split by shard: atomic on each shard, not across shards (a
@@ -330,30 +484,7 @@ class AsyncShardedTransport(AsyncTransport):
             scoped = self._dedup(item["group_id"], item["event"], item.get("dedup_id"))
             if scoped is not None:
                 item["dedup_id"] = scoped
-        parts = split_by_shard(unpacked, lambda group: home(group, self.names))
-        plans = {
-            name: self._shards[name]._core.publish_many([unpacked[i] for i in indexes])
-            for name, indexes in parts.items()
-        }  # every part checked (and encoded) before the first is sent
-        for name in parts:
-            self._check_up(name)
-        results = await self._on_many(list(parts), lambda name, shard: shard._run(plans[name]))
-        seqs = [0] * len(unpacked)
-        failed = []
-        for name, indexes in parts.items():
-            result = results[name]
-            if isinstance(result, BaseException):
-                failed.append(f"{name}: {result}")
-                continue
-            for index, seq in zip(indexes, result, strict=True):
-                seqs[index] = seq
-        if failed:
-            done = [name for name in parts if not isinstance(results[name], BaseException)]
-            raise Unavailable(
-                f"publish_many: not published on shard(s) {'; '.join(failed)}"
-                + (f" (published on {', '.join(done)})" if done else "")
-            )
-        return seqs
+        return await self._publish_items(unpacked)
 
     # ------------------------------------------------------------------------ claim, settle
 
@@ -476,6 +607,15 @@ class AsyncShardedTransport(AsyncTransport):
                 rounds[name] = dataclasses.replace(r, leases=[*r.leases, *extra])
         if n and not rounds and not self._live():
             raise Unavailable(f"queue {self.queue!r}: no shard answers")
+        if self.shard_list.changing:
+            finished = [
+                lease
+                for lease in [*ack, *(lease for lease, _ in dead)]
+                if self._lease_shard(lease) in rounds
+            ]
+            # On failure left held: the next settlement or release_moved_groups() frees them.
+            with contextlib.suppress(Unavailable):
+                await self._release_moved(finished)
         return Round(
             leases=[
                 dataclasses.replace(lease, shard=name)
@@ -502,6 +642,7 @@ class AsyncShardedTransport(AsyncTransport):
         self._check_open()
         self._core.ack([lease])  # checks the lease as one cluster does
         await self._on(self._lease_shard(lease), lambda shard: shard.ack(lease))
+        await self._release_moved([lease])
 
     async def nack(self, lease: Lease, delay: float = 0.0) -> None:
         self._check_open()
@@ -521,6 +662,7 @@ class AsyncShardedTransport(AsyncTransport):
         await self._on(
             self._lease_shard(lease), lambda shard: shard.dead_letter(lease, reason, hold=hold)
         )
+        await self._release_moved([lease])
 
     async def ack_many(self, leases: Sequence[Lease]) -> None:
         self._check_open()
@@ -533,6 +675,7 @@ class AsyncShardedTransport(AsyncTransport):
         failed = [name for name, r in results.items() if isinstance(r, BaseException)]
         if failed:
             raise Unavailable(f"ack_many: shard(s) {', '.join(failed)} did not answer")
+        await self._release_moved(leases)
         if lost:
             raise LeaseLost(f"{len(lost)} of the leases no longer held", lost)
 
@@ -596,35 +739,64 @@ class AsyncShardedTransport(AsyncTransport):
         return sorted((s for found in results.values() for s in found), key=lambda s: s.name)
 
     async def fire_schedules(self) -> int:
+        """Publish the due ticks, each shard its own schedules. A schedule whose group lives
+        on another shard (left behind by a change of the shard list) is moved there first;
+        while the list changes, the schedules of groups that move wait for the change to end
+        (their missed ticks are then caught up as usual)."""
         self._check_open()
-        results = await self._answering(lambda _, shard: shard.fire_schedules())
+        if self.shard_list.changing and time.monotonic() >= self._next_release_sweep:
+            self._next_release_sweep = time.monotonic() + RELEASE_SWEEP
+            await self.release_moved_groups()
+        results = await self._answering(self._fire_on)
         return sum(results.values())
+
+    async def _fire_on(self, name: str, shard: AsyncTransport) -> int:
+        due = await shard._run(shard._core.due_schedules())
+        fire: list[ScheduleRow] = []
+        move: list[ScheduleRow] = []
+        for row in due:
+            target, previous = self.shard_list.placement(row.group_id)
+            if target != previous:
+                continue  # a moving group: its ticks wait for the change to end
+            (fire if target == name else move).append(row)
+        for row in move:  # on the group's shard first, then gone from here
+            target = self.shard_list.placement(row.group_id)[0]
+            self._check_up(target)
+            await self._shards[target]._run(self._shards[target]._core.put_row(row))
+            await shard._run(shard._core.unschedule(row.name))
+        return await shard._run(shard._core.fire(fire)) if fire else 0
 
     # ------------------------------------------------------------------------ operators
 
     async def hold_group(self, group_id: str) -> None:
         self._check_open()
-        await self._on(self.shard_of(group_id), lambda shard: shard.hold_group(group_id))
+        await self._on(await self._locate(group_id), lambda shard: shard.hold_group(group_id))
 
     async def release_group(self, group_id: str) -> bool:
         self._check_open()
-        return await self._on(self.shard_of(group_id), lambda shard: shard.release_group(group_id))
+        return await self._on(
+            await self._locate(group_id), lambda shard: shard.release_group(group_id)
+        )
 
     async def cancel_group(self, group_id: str, reason: str) -> int:
         self._check_open()
-        return await self._on(
-            self.shard_of(group_id), lambda shard: shard.cancel_group(group_id, reason)
-        )
+        name = await self._locate(group_id)
+        cancelled = await self._on(name, lambda shard: shard.cancel_group(group_id, reason))
+        if self.shard_list.changing and name != self.shard_list.placement(group_id)[0]:
+            await self._release_if_gone({group_id})
+        return cancelled
 
     async def set_priority(self, group_id: str, priority: int) -> bool:
         self._check_open()
         return await self._on(
-            self.shard_of(group_id), lambda shard: shard.set_priority(group_id, priority)
+            await self._locate(group_id), lambda shard: shard.set_priority(group_id, priority)
         )
 
     async def peek(self, group_id: str, limit: int = 10) -> list[tuple[int, Any]]:
         self._check_open()
-        return await self._on(self.shard_of(group_id), lambda shard: shard.peek(group_id, limit))
+        return await self._on(
+            await self._locate(group_id), lambda shard: shard.peek(group_id, limit)
+        )
 
     async def groups(
         self,
@@ -662,7 +834,7 @@ class AsyncShardedTransport(AsyncTransport):
         oldest first."""
         self._check_open()
         if group_id is not None:
-            name = self.shard_of(group_id)
+            name = await self._locate(group_id)
             found = await self._on(name, lambda shard: shard.dead_letters(limit, group_id=group_id))
             return [dataclasses.replace(letter, shard=name) for letter in found]
 
@@ -701,6 +873,13 @@ class AsyncShardedTransport(AsyncTransport):
         what: str,
         call: Callable[[AsyncTransport, Sequence[int] | None], Awaitable[int]],
     ) -> int:
+        if what == "requeue_dead" and self.shard_list.changing:
+            # A requeue puts messages back on the dead letter's shard, unguarded: for a group
+            # that has moved on, that would be a second shard.
+            raise InvalidArgument(
+                "requeue_dead waits for the change of the shard list to finish "
+                "(`rqlite-queue shards status`)"
+            )
         if shard is not None:
             self.shard(shard)
             return await self._on(shard, lambda s: call(s, seqs))
@@ -719,12 +898,88 @@ class AsyncShardedTransport(AsyncTransport):
         missing = tuple(name for name in self.names if name not in results)
         return dataclasses.replace(merged, shards_down=missing)
 
+    async def shard_status(self) -> list[ShardStatus]:
+        """Each shard as a change of the shard list sees it: its part in the change, whether
+        it answers, the list epoch it has been given, its depth and groups, the groups that
+        still have to leave it (messages here, new messages going elsewhere), its dead letters
+        and the schedules that belong elsewhere. Pages through every group: an operator's
+        call."""
+        self._check_open()
+
+        async def one(name: str, shard: AsyncTransport) -> ShardStatus:
+            stats = await shard.stats()
+            epoch = await shard._run(_epoch_plan(shard))
+            leaving, after = 0, None
+            while True:
+                page = await shard.groups(limit=1000, after=after)
+                leaving += sum(
+                    1
+                    for info in page
+                    if info.depth and self.shard_list.placement(info.group_id)[0] != name
+                )
+                if len(page) < 1000:
+                    break
+                after = page[-1].group_id
+            schedules = await shard.schedules()
+            elsewhere = sum(
+                1 for sch in schedules if self.shard_list.placement(sch.group_id)[0] != name
+            )
+            waiting = await shard._run(
+                Plan(sql.waiting_groups(shard._core.names, limit=1_000_000), sql.read_waiting)
+            )
+            return ShardStatus(
+                name,
+                self._state(name),
+                True,
+                epoch,
+                stats.depth,
+                stats.groups,
+                leaving,
+                len(waiting),
+                stats.dead,
+                elsewhere,
+            )
+
+        results = await self._on_many(list(self.names), one)
+        return [
+            result
+            if not isinstance(result, BaseException)
+            else ShardStatus(
+                name, self._state(name), False, None, None, None, None, None, None, None
+            )
+            for name, result in results.items()
+        ]
+
+    def _state(self, name: str) -> str:
+        return next((s.state for s in self.shard_list.specs if s.name == name), "active")
+
     async def close(self) -> None:
         if not self._core.closed:
             self._core.closed = True
             await self._fan.close()
             for shard in self._shards.values():
                 await shard.close()
+
+
+def _epoch_plan(shard: AsyncTransport) -> Plan[int]:
+    return Plan(sql.shard_epoch(shard._core.names), sql.read_shard_epoch)
+
+
+def _none(reply: sql.Reply) -> None:
+    return None
+
+
+def _guarded(
+    plan: Plan[T], shard: AsyncTransport, epoch: int, extra: Sequence[sql.Statement] = ()
+) -> Plan[T]:
+    """`plan` behind the shard list's epoch (`sql.epoch_guards`), and `extra` statements."""
+    guards = [*sql.epoch_guards(shard._core.names, epoch=epoch), *extra]
+    return Plan(
+        sql.guarded(plan.batch, guards),
+        plan.read,
+        plan.replay,
+        None if plan.replay_batch is None else sql.guarded(plan.replay_batch, guards),
+    )
 
 
 async def _claim_from(

@@ -13,6 +13,7 @@ publishes, and probed in the background until it answers again.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import random
@@ -20,35 +21,39 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
+from .. import sql
 from .._runtime import FanOut, Same
 from ..checks import check_id, show
 from ..codec import Codec
-from ..core import Probe, PublishItem, QueueCore, Round
+from ..core import Plan, Probe, PublishItem, QueueCore, Round
 from ..errors import (
+    BackendError,
     InvalidArgument,
     LeaseLost,
     QueueError,
     ShardDown,
+    StaleShardList,
     TransportClosed,
     Unavailable,
 )
 from ..lease import DeadLetter, GroupInfo, Lease, Schedule, Stats
 from ..sharding import (
     Health,
+    ShardList,
     ShardSpec,
+    ShardStatus,
     check_shard_name,
-    home,
     merge_probes,
     merge_sorted,
     merge_stats,
-    parse_shards,
+    parse_shard_list,
     rotation,
     scoped_dedup_id,
     shares,
     split_by_shard,
     unpack_item,
 )
-from ..sql import Batch, Result
+from ..sql import STALE_EPOCH_ERROR, Batch, Result, ScheduleRow
 from .transport import (
     DEFAULT_DEADLINE,
     RqliteTransport,
@@ -62,6 +67,9 @@ T = TypeVar("T")
 
 _RQLITE_ONLY = frozenset({"auth", "verify", "timeout", "max_skew", "skew_warning"})
 PROBE_DEADLINE = 2.0
+RELEASE_SWEEP = 1.0
+"""While the shard list changes, how often `fire_schedules` (called by workers) looks for
+moved groups still held on their new shard after their old one emptied (after a crash)."""
 """How long a background probe of a down shard may take."""
 
 
@@ -104,6 +112,8 @@ class ShardedTransport(Transport):
         super().__init__(_Routed(), core, deadline=deadline)
         self._dedup_key = dedup_key
         self._shards: dict[str, Transport] = {}
+        specs: list[ShardSpec] = []
+        epoch = 0
         if isinstance(shards, Mapping):
             for name, transport in shards.items():
                 if not isinstance(transport, Transport):
@@ -113,8 +123,10 @@ class ShardedTransport(Transport):
                         f"shard {name!r} is on queue {transport.queue!r}, not {queue!r}"
                     )
                 self._shards[check_shard_name(name)] = transport
+                specs.append(ShardSpec(name, ""))
         else:
-            specs = parse_shards(shards)
+            parsed = parse_shard_list(shards)
+            specs, epoch = list(parsed.specs), parsed.epoch
             try:
                 for spec in specs:
                     self._shards[spec.name] = _open_shard(
@@ -131,11 +143,14 @@ class ShardedTransport(Transport):
                 raise
         if not self._shards:
             raise InvalidArgument("a sharded transport needs at least one shard")
+        self.shard_list = ShardList(tuple(specs), epoch)
+        """The shards, their part in a change of the list, and the list's epoch."""
         self.names: list[str] = list(self._shards)
         """The shards' names, in the order given."""
         self.health = Health()
         self._fan = FanOut(len(self._shards))
         self._turn = 0
+        self._next_release_sweep = 0.0
 
     def shard(self, name: str) -> Transport:
         """The transport of one shard."""
@@ -145,9 +160,25 @@ class ShardedTransport(Transport):
             raise InvalidArgument(f"no shard named {name!r} (shards: {self.names})") from None
 
     def shard_of(self, group_id: str) -> str:
-        """The name of the shard `group_id` lives on."""
+        """The name of the shard `group_id` lives on (while the shard list changes: the shard
+        that takes its new messages once its old shard has none left)."""
         check_id(group_id, "group_id")
-        return home(group_id, self.names)
+        return self.shard_list.placement(group_id)[0]
+
+    def placement(self, group_id: str) -> tuple[str, str]:
+        """(target, previous) of `ShardList.placement`: the same shard twice unless the group
+        moves in the change of the shard list under way."""
+        check_id(group_id, "group_id")
+        return self.shard_list.placement(group_id)
+
+    def _locate(self, group_id: str) -> str:
+        """The shard that has the group's messages now: its previous shard while it still
+        has messages there during a change of the list, else its target."""
+        target, previous = self.placement(group_id)
+        if target == previous:
+            return target
+        here = self._on(previous, lambda shard: shard.peek(group_id, 1))
+        return previous if here else target
 
     def down_shards(self) -> list[str]:
         """The shards that did not answer and are being probed in the background."""
@@ -298,21 +329,144 @@ class ShardedTransport(Transport):
         not_before: float | None = None,
         ttl: float | None = None,
     ) -> int:
+        """As on one cluster, on the group's shard. While the shard list changes, a group
+        that moves is published on its new shard, held there while its old shard still has
+        its messages (one request to the old shard first)."""
         self._check_open()
-        name = self.shard_of(group_id)
-        scoped = self._dedup(group_id, event, dedup_id)
-        return self._on(
-            name,
-            lambda shard: shard.publish(
-                group_id,
-                event,
-                priority,
-                dedup_id=scoped,
-                delay=delay,
-                not_before=not_before,
-                ttl=ttl,
+        item = {
+            "group_id": group_id,
+            "event": event,
+            "priority": priority,
+            "dedup_id": self._dedup(group_id, event, dedup_id),
+            "delay": delay,
+            "not_before": not_before,
+            "ttl": ttl,
+        }
+        return (self._publish_items([item]))[0]
+
+    def _publish_items(self, items: list[dict[str, Any]]) -> list[int]:
+        """Publish checked items: per target shard, atomically; the moving groups that still
+        have messages on their old shard held on the new one until those are delivered."""
+        self._core.publish_many(items)  # every item checked before anything is sent
+        waiting = self._still_on_old_shards({item["group_id"] for item in items})
+        parts = split_by_shard(items, lambda group: self.shard_list.placement(group)[0])
+        for name in parts:
+            self._check_up(name)
+
+        def part(name: str, shard: Transport) -> list[int]:
+            mine = [items[i] for i in parts[name]]
+            held = sorted({item["group_id"] for item in mine} & waiting)
+            extra = [sql.wait_for_old_shard(shard._core.names, held)] if held else []
+            plan = _guarded(shard._core.publish_many(mine), shard, self.shard_list.epoch, extra)
+            try:
+                return shard._run(plan)
+            except BackendError as exc:
+                raise self._stale(name, shard, exc) from exc
+
+        results = self._on_many(list(parts), part)
+        seqs = [0] * len(items)
+        failed: list[tuple[str, BaseException]] = []
+        for name, indexes in parts.items():
+            result = results[name]
+            if isinstance(result, BaseException):
+                failed.append((name, result))
+                continue
+            for index, seq in zip(indexes, result, strict=True):
+                seqs[index] = seq
+        if failed:
+            if len(parts) == 1:
+                raise failed[0][1]
+            applied = [name for name in parts if not isinstance(results[name], BaseException)]
+            raise Unavailable(
+                f"publish_many: not published on shard(s) "
+                f"{'; '.join(f'{name}: {exc}' for name, exc in failed)}"
+                + (f" (published on {', '.join(applied)})" if applied else "")
+            )
+        return seqs
+
+    def _still_on_old_shards(self, group_ids: Iterable[str]) -> set[str]:
+        """Of these groups, the moving ones that still have messages on their old shard. The
+        question is a write there, which gives the old shard this client's epoch: from then
+        on no client with an older list can add to them."""
+        asked: dict[str, list[str]] = {}
+        for group_id in group_ids:
+            target, previous = self.shard_list.placement(group_id)
+            if target != previous:
+                asked.setdefault(previous, []).append(group_id)
+        if not asked:
+            return set()
+        for name in asked:
+            self._check_up(name)
+
+        def ask(name: str, shard: Transport) -> set[str]:
+            batch = sql.groups_present(shard._core.names, asked[name], epoch=self.shard_list.epoch)
+            try:
+                return shard._run(Plan(batch, sql.read_present, sql.read_present))
+            except BackendError as exc:
+                raise self._stale(name, shard, exc) from exc
+
+        results = self._on_many(list(asked), ask)
+        present: set[str] = set()
+        for result in results.values():
+            if isinstance(result, BaseException):
+                raise result  # where the group is cannot be known: nothing is published
+            present |= result
+        return present
+
+    def _stale(self, name: str, shard: Transport, exc: BackendError) -> BaseException:
+        """What a failed guarded batch means: StaleShardList, or the error itself."""
+        if STALE_EPOCH_ERROR.format(meta=shard._core.names.meta) in str(exc):
+            return StaleShardList(
+                f"shard {name!r} has been given a newer shard list than this client's "
+                f"(epoch {self.shard_list.epoch}): nothing was published; give this client "
+                "the new list"
+            )
+        return exc
+
+    def _release_moved(self, leases: Iterable[Lease]) -> None:
+        """After messages left a moving group's old shard (acked, dead-lettered): if it has
+        none left there, its new shard may serve it."""
+        if not self.shard_list.changing:
+            return
+        groups = {
+            lease.group_id
+            for lease in leases
+            if lease.shard
+            and lease.shard == self.shard_list.placement(lease.group_id)[1]
+            and self.shard_list.placement(lease.group_id)[0] != lease.shard
+        }
+        if groups:
+            self._release_if_gone(groups)
+
+    def _release_if_gone(self, groups: set[str]) -> None:
+        present = self._still_on_old_shards(groups)
+        gone = groups - present
+        by_target: dict[str, list[str]] = {}
+        for group_id in gone:
+            by_target.setdefault(self.shard_list.placement(group_id)[0], []).append(group_id)
+        self._on_many(
+            list(by_target),
+            lambda name, shard: shard._run(
+                Plan(sql.release_waits(shard._core.names, sorted(by_target[name])), _none)
             ),
         )
+
+    def release_moved_groups(self) -> int:
+        """Let the new shards serve the moving groups whose old shard has delivered all of
+        theirs (done after each such ack too; this catches any a crash left held). Returns
+        how many were still held."""
+        self._check_open()
+        if not self.shard_list.changing:
+            return 0
+        results = self._answering(
+            lambda _, shard: shard._run(
+                Plan(sql.waiting_groups(shard._core.names, limit=10_000), sql.read_waiting)
+            )
+        )
+        waiting = {group_id for found in results.values() for group_id in found}
+        if waiting:
+            self._release_if_gone(waiting)
+        return len(waiting)
 
     def publish_many(self, items: Iterable[PublishItem]) -> list[int]:
         """As on one cluster, split by shard: atomic on each shard, not across shards (a
@@ -329,30 +483,7 @@ class ShardedTransport(Transport):
             scoped = self._dedup(item["group_id"], item["event"], item.get("dedup_id"))
             if scoped is not None:
                 item["dedup_id"] = scoped
-        parts = split_by_shard(unpacked, lambda group: home(group, self.names))
-        plans = {
-            name: self._shards[name]._core.publish_many([unpacked[i] for i in indexes])
-            for name, indexes in parts.items()
-        }  # every part checked (and encoded) before the first is sent
-        for name in parts:
-            self._check_up(name)
-        results = self._on_many(list(parts), lambda name, shard: shard._run(plans[name]))
-        seqs = [0] * len(unpacked)
-        failed = []
-        for name, indexes in parts.items():
-            result = results[name]
-            if isinstance(result, BaseException):
-                failed.append(f"{name}: {result}")
-                continue
-            for index, seq in zip(indexes, result, strict=True):
-                seqs[index] = seq
-        if failed:
-            done = [name for name in parts if not isinstance(results[name], BaseException)]
-            raise Unavailable(
-                f"publish_many: not published on shard(s) {'; '.join(failed)}"
-                + (f" (published on {', '.join(done)})" if done else "")
-            )
-        return seqs
+        return self._publish_items(unpacked)
 
     # ------------------------------------------------------------------------ claim, settle
 
@@ -475,6 +606,15 @@ class ShardedTransport(Transport):
                 rounds[name] = dataclasses.replace(r, leases=[*r.leases, *extra])
         if n and not rounds and not self._live():
             raise Unavailable(f"queue {self.queue!r}: no shard answers")
+        if self.shard_list.changing:
+            finished = [
+                lease
+                for lease in [*ack, *(lease for lease, _ in dead)]
+                if self._lease_shard(lease) in rounds
+            ]
+            # On failure left held: the next settlement or release_moved_groups() frees them.
+            with contextlib.suppress(Unavailable):
+                self._release_moved(finished)
         return Round(
             leases=[
                 dataclasses.replace(lease, shard=name)
@@ -499,6 +639,7 @@ class ShardedTransport(Transport):
         self._check_open()
         self._core.ack([lease])  # checks the lease as one cluster does
         self._on(self._lease_shard(lease), lambda shard: shard.ack(lease))
+        self._release_moved([lease])
 
     def nack(self, lease: Lease, delay: float = 0.0) -> None:
         self._check_open()
@@ -518,6 +659,7 @@ class ShardedTransport(Transport):
         self._on(
             self._lease_shard(lease), lambda shard: shard.dead_letter(lease, reason, hold=hold)
         )
+        self._release_moved([lease])
 
     def ack_many(self, leases: Sequence[Lease]) -> None:
         self._check_open()
@@ -530,6 +672,7 @@ class ShardedTransport(Transport):
         failed = [name for name, r in results.items() if isinstance(r, BaseException)]
         if failed:
             raise Unavailable(f"ack_many: shard(s) {', '.join(failed)} did not answer")
+        self._release_moved(leases)
         if lost:
             raise LeaseLost(f"{len(lost)} of the leases no longer held", lost)
 
@@ -593,33 +736,60 @@ class ShardedTransport(Transport):
         return sorted((s for found in results.values() for s in found), key=lambda s: s.name)
 
     def fire_schedules(self) -> int:
+        """Publish the due ticks, each shard its own schedules. A schedule whose group lives
+        on another shard (left behind by a change of the shard list) is moved there first;
+        while the list changes, the schedules of groups that move wait for the change to end
+        (their missed ticks are then caught up as usual)."""
         self._check_open()
-        results = self._answering(lambda _, shard: shard.fire_schedules())
+        if self.shard_list.changing and time.monotonic() >= self._next_release_sweep:
+            self._next_release_sweep = time.monotonic() + RELEASE_SWEEP
+            self.release_moved_groups()
+        results = self._answering(self._fire_on)
         return sum(results.values())
+
+    def _fire_on(self, name: str, shard: Transport) -> int:
+        due = shard._run(shard._core.due_schedules())
+        fire: list[ScheduleRow] = []
+        move: list[ScheduleRow] = []
+        for row in due:
+            target, previous = self.shard_list.placement(row.group_id)
+            if target != previous:
+                continue  # a moving group: its ticks wait for the change to end
+            (fire if target == name else move).append(row)
+        for row in move:  # on the group's shard first, then gone from here
+            target = self.shard_list.placement(row.group_id)[0]
+            self._check_up(target)
+            self._shards[target]._run(self._shards[target]._core.put_row(row))
+            shard._run(shard._core.unschedule(row.name))
+        return shard._run(shard._core.fire(fire)) if fire else 0
 
     # ------------------------------------------------------------------------ operators
 
     def hold_group(self, group_id: str) -> None:
         self._check_open()
-        self._on(self.shard_of(group_id), lambda shard: shard.hold_group(group_id))
+        self._on(self._locate(group_id), lambda shard: shard.hold_group(group_id))
 
     def release_group(self, group_id: str) -> bool:
         self._check_open()
-        return self._on(self.shard_of(group_id), lambda shard: shard.release_group(group_id))
+        return self._on(self._locate(group_id), lambda shard: shard.release_group(group_id))
 
     def cancel_group(self, group_id: str, reason: str) -> int:
         self._check_open()
-        return self._on(self.shard_of(group_id), lambda shard: shard.cancel_group(group_id, reason))
+        name = self._locate(group_id)
+        cancelled = self._on(name, lambda shard: shard.cancel_group(group_id, reason))
+        if self.shard_list.changing and name != self.shard_list.placement(group_id)[0]:
+            self._release_if_gone({group_id})
+        return cancelled
 
     def set_priority(self, group_id: str, priority: int) -> bool:
         self._check_open()
         return self._on(
-            self.shard_of(group_id), lambda shard: shard.set_priority(group_id, priority)
+            self._locate(group_id), lambda shard: shard.set_priority(group_id, priority)
         )
 
     def peek(self, group_id: str, limit: int = 10) -> list[tuple[int, Any]]:
         self._check_open()
-        return self._on(self.shard_of(group_id), lambda shard: shard.peek(group_id, limit))
+        return self._on(self._locate(group_id), lambda shard: shard.peek(group_id, limit))
 
     def groups(
         self,
@@ -655,7 +825,7 @@ class ShardedTransport(Transport):
         oldest first."""
         self._check_open()
         if group_id is not None:
-            name = self.shard_of(group_id)
+            name = self._locate(group_id)
             found = self._on(name, lambda shard: shard.dead_letters(limit, group_id=group_id))
             return [dataclasses.replace(letter, shard=name) for letter in found]
 
@@ -688,6 +858,13 @@ class ShardedTransport(Transport):
         what: str,
         call: Callable[[Transport, Sequence[int] | None], Same[int]],
     ) -> int:
+        if what == "requeue_dead" and self.shard_list.changing:
+            # A requeue puts messages back on the dead letter's shard, unguarded: for a group
+            # that has moved on, that would be a second shard.
+            raise InvalidArgument(
+                "requeue_dead waits for the change of the shard list to finish "
+                "(`rqlite-queue shards status`)"
+            )
         if shard is not None:
             self.shard(shard)
             return self._on(shard, lambda s: call(s, seqs))
@@ -706,12 +883,88 @@ class ShardedTransport(Transport):
         missing = tuple(name for name in self.names if name not in results)
         return dataclasses.replace(merged, shards_down=missing)
 
+    def shard_status(self) -> list[ShardStatus]:
+        """Each shard as a change of the shard list sees it: its part in the change, whether
+        it answers, the list epoch it has been given, its depth and groups, the groups that
+        still have to leave it (messages here, new messages going elsewhere), its dead letters
+        and the schedules that belong elsewhere. Pages through every group: an operator's
+        call."""
+        self._check_open()
+
+        def one(name: str, shard: Transport) -> ShardStatus:
+            stats = shard.stats()
+            epoch = shard._run(_epoch_plan(shard))
+            leaving, after = 0, None
+            while True:
+                page = shard.groups(limit=1000, after=after)
+                leaving += sum(
+                    1
+                    for info in page
+                    if info.depth and self.shard_list.placement(info.group_id)[0] != name
+                )
+                if len(page) < 1000:
+                    break
+                after = page[-1].group_id
+            schedules = shard.schedules()
+            elsewhere = sum(
+                1 for sch in schedules if self.shard_list.placement(sch.group_id)[0] != name
+            )
+            waiting = shard._run(
+                Plan(sql.waiting_groups(shard._core.names, limit=1_000_000), sql.read_waiting)
+            )
+            return ShardStatus(
+                name,
+                self._state(name),
+                True,
+                epoch,
+                stats.depth,
+                stats.groups,
+                leaving,
+                len(waiting),
+                stats.dead,
+                elsewhere,
+            )
+
+        results = self._on_many(list(self.names), one)
+        return [
+            result
+            if not isinstance(result, BaseException)
+            else ShardStatus(
+                name, self._state(name), False, None, None, None, None, None, None, None
+            )
+            for name, result in results.items()
+        ]
+
+    def _state(self, name: str) -> str:
+        return next((s.state for s in self.shard_list.specs if s.name == name), "active")
+
     def close(self) -> None:
         if not self._core.closed:
             self._core.closed = True
             self._fan.close()
             for shard in self._shards.values():
                 shard.close()
+
+
+def _epoch_plan(shard: Transport) -> Plan[int]:
+    return Plan(sql.shard_epoch(shard._core.names), sql.read_shard_epoch)
+
+
+def _none(reply: sql.Reply) -> None:
+    return None
+
+
+def _guarded(
+    plan: Plan[T], shard: Transport, epoch: int, extra: Sequence[sql.Statement] = ()
+) -> Plan[T]:
+    """`plan` behind the shard list's epoch (`sql.epoch_guards`), and `extra` statements."""
+    guards = [*sql.epoch_guards(shard._core.names, epoch=epoch), *extra]
+    return Plan(
+        sql.guarded(plan.batch, guards),
+        plan.read,
+        plan.replay,
+        None if plan.replay_batch is None else sql.guarded(plan.replay_batch, guards),
+    )
 
 
 def _claim_from(

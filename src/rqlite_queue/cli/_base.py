@@ -58,6 +58,10 @@ class Config:
             options["deadline"] = self.timeout
         return options
 
+    def options_without_connect(self) -> dict[str, Any]:
+        """The options of a transport built directly (not through `from_url`)."""
+        return {k: v for k, v in self.options().items() if k != "connect_timeout"}
+
     @contextlib.contextmanager
     def transport(self) -> Iterator[Transport]:
         """A connected sync transport, closed afterwards."""

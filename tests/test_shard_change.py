@@ -1,0 +1,246 @@
+"""Changing the shard list of a live queue (docs/sharding.md): a third shard added, and a shard
+drained, while publishers and workers run; FIFO and exclusivity hold for every group through
+the change, a client still on the old list is refused (StaleShardList) and writes nothing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from rqlite_queue import InvalidArgument, ShardedTransport, StaleShardList
+from rqlite_queue.testing import Cluster
+
+GROUPS = [f"wf{i}" for i in range(40)]
+EXE = Path(sys.executable).parent / "rqlite-queue"
+
+
+class Observer:
+    """What the workers saw: per group, the events in the order handled, the shards they came
+    from, and any moment two workers held the same group."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.active: set[str] = set()
+        self.seen: dict[str, list[int]] = defaultdict(list)
+        self.shards: dict[str, list[str]] = defaultdict(list)
+        self.overlaps: list[str] = []
+
+    def begin(self, group: str) -> None:
+        with self.lock:
+            if group in self.active:
+                self.overlaps.append(group)
+            self.active.add(group)
+
+    def end(self, group: str, event: int, shard: str) -> None:
+        with self.lock:
+            self.active.discard(group)
+            self.seen[group].append(event)
+            self.shards[group].append(shard)
+
+
+class Clients:
+    """Publishers and workers in threads, each using the shard list it is given (and told to
+    switch to another one at any time)."""
+
+    def __init__(self, url: str, queue: str) -> None:
+        self.queue = queue
+        self.lists: dict[str, str] = {}
+        self.stop = threading.Event()
+        self.stop_publishing = threading.Event()
+        self.published: dict[str, int] = defaultdict(int)
+        self.stale: list[str] = []
+        self.errors: list[BaseException] = []
+        self.observer = Observer()
+        self.threads: list[threading.Thread] = []
+        self.default = url
+
+    def use(self, client: str, url: str) -> None:
+        self.lists[client] = url
+
+    def _transport(
+        self, client: str, current: tuple[str, ShardedTransport] | None
+    ) -> tuple[str, ShardedTransport]:
+        url = self.lists.get(client, self.default)
+        if current is not None and current[0] == url:
+            return current
+        if current is not None:
+            current[1].close()
+        transport = ShardedTransport(url, queue=self.queue, deadline=10.0)
+        transport.setup()
+        return url, transport
+
+    def publisher(self, client: str, groups: list[str]) -> None:
+        current = None
+        try:
+            n = 0
+            while not self.stop_publishing.is_set():
+                for group in groups:
+                    while True:  # one publish at a time per group: its order is this loop's
+                        current = self._transport(client, current)
+                        try:
+                            current[1].publish(group, n)
+                            break
+                        except StaleShardList:
+                            self.stale.append(client)  # nothing written: publish it again
+                            time.sleep(0.05)
+                    self.published[group] = n + 1
+                n += 1
+                time.sleep(0.01)
+        except BaseException as exc:
+            self.errors.append(exc)
+        finally:
+            if current is not None:
+                current[1].close()
+
+    def worker(self, client: str) -> None:
+        current = None
+        try:
+            while not self.stop.is_set():
+                current = self._transport(client, current)
+                lease = current[1].claim(client, 30)
+                if lease is None:
+                    time.sleep(0.01)
+                    continue
+                self.observer.begin(lease.group_id)
+                time.sleep(0.002)
+                self.observer.end(lease.group_id, lease.event, lease.shard)
+                current[1].ack(lease)
+        except BaseException as exc:
+            self.errors.append(exc)
+        finally:
+            if current is not None:
+                current[1].close()
+
+    def start(self, publishers: int, workers: int) -> None:
+        for i in range(publishers):
+            mine = GROUPS[i::publishers]
+            self.threads.append(threading.Thread(target=self.publisher, args=(f"p{i}", mine)))
+        for i in range(workers):
+            self.threads.append(threading.Thread(target=self.worker, args=(f"w{i}",)))
+        for thread in self.threads:
+            thread.start()
+
+    def finish(self, drain_timeout: float = 60) -> None:
+        self.stop_publishing.set()
+        deadline = time.monotonic() + drain_timeout
+        while time.monotonic() < deadline and not self.errors:
+            with self.observer.lock:
+                done = all(len(self.observer.seen[g]) == self.published[g] for g in self.published)
+            if done:
+                break
+            time.sleep(0.1)
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=60)
+
+    def check(self) -> None:
+        assert not self.errors, self.errors
+        assert self.observer.overlaps == []
+        for group in GROUPS:
+            assert self.observer.seen[group] == list(range(self.published[group])), group
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+@pytest.fixture
+def three(rqlite_cluster_factory: Callable[..., Cluster]) -> list[str]:
+    return [rqlite_cluster_factory(1).url for _ in range(3)]
+
+
+def test_a_shard_added_under_load_keeps_fifo_and_exclusivity(three: list[str]) -> None:
+    a, b, c = three
+    old = f"a={a};b={b}"
+    joining = f"epoch=1;a={a};b={b};+c={c}"
+    done = f"epoch=1;a={a};b={b};c={c}"
+    clients = Clients(old, "grow")
+    clients.start(publishers=3, workers=3)
+    time.sleep(1.5)
+    for client in ["p0", "p1", "w0", "w1", "w2"]:  # every client but p2 gets the new list
+        clients.use(client, joining)
+    time.sleep(1.0)
+    clients.use("p2", joining)  # the late one: refused until then, nothing written
+    time.sleep(2.0)
+    with ShardedTransport(joining, queue="grow") as admin:
+        wait_until(
+            lambda: all(s.leaving == 0 and s.waiting == 0 for s in admin.shard_status()),
+            60,
+            "every moving group to leave its old shard",
+        )
+        assert {s.name: s.epoch for s in admin.shard_status()} == {"a": 1, "b": 1, "c": 1}
+    for client in ["p0", "p1", "p2", "w0", "w1", "w2"]:  # the change is over: plain list
+        clients.use(client, done)
+    time.sleep(1.0)
+    clients.finish()
+    clients.check()
+
+    moved = [
+        g for g, shards in clients.observer.shards.items() if shards[0] != "c" and "c" in shards
+    ]
+    assert moved, "no group moved to the new shard"
+    for group in moved:  # once on c, never back: the old shard had delivered all it held
+        shards = clients.observer.shards[group]
+        assert shards[shards.index("c") :] == ["c"] * (len(shards) - shards.index("c"))
+    assert "p2" in clients.stale, "the client on the old list was never refused"
+
+
+def test_a_drained_shard_empties_and_can_be_removed(three: list[str]) -> None:
+    a, b, c = three
+    start = f"a={a};b={b};c={c}"
+    draining = f"epoch=1;a={a};b={b};-c={c}"
+    final = f"epoch=1;a={a};b={b}"
+    clients = Clients(start, "shrink")
+    clients.start(publishers=2, workers=3)
+    time.sleep(1.5)
+    for client in ["p0", "p1", "w0", "w1", "w2"]:
+        clients.use(client, draining)
+    drained = subprocess.run(
+        [EXE, "--url", draining, "--queue", "shrink", "shards", "drain", "c", "--timeout", "60"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert drained.returncode == 0, drained.stderr
+    assert "shard c is empty: remove it from the list" in drained.stdout
+    status = subprocess.run(
+        [EXE, "--url", draining, "--queue", "shrink", "shards", "status", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert status.returncode == 0, status.stderr
+    rows = {row["name"]: row for row in map(json.loads, status.stdout.splitlines())}
+    assert rows["c"]["state"] == "draining" and rows["c"]["epoch"] == 1
+    with (
+        ShardedTransport(draining, queue="shrink") as admin,
+        pytest.raises(InvalidArgument, match="shard list"),
+    ):
+        admin.requeue_dead()
+    for client in ["p0", "p1", "w0", "w1", "w2"]:
+        clients.use(client, final)
+    time.sleep(1.0)
+    clients.finish()
+    clients.check()
+    with ShardedTransport(final, queue="shrink") as q:
+        assert all(q.shard_of(g) in ("a", "b") for g in GROUPS)
+
+
+def test_bad_changes_are_refused() -> None:
+    with pytest.raises(InvalidArgument, match="epoch"):
+        ShardedTransport("a=sqlite:///a.db;+b=sqlite:///b.db")
+    with pytest.raises(InvalidArgument, match="draining"):
+        ShardedTransport("epoch=1;-a=sqlite:///a.db")
+    with pytest.raises(InvalidArgument, match="epoch"):
+        ShardedTransport("epoch=x;a=sqlite:///a.db")
