@@ -215,6 +215,28 @@ def split_by_shard(
     return parts
 
 
+def in_given_order(given: Sequence[T], parts: Iterable[Sequence[T]]) -> list[T]:
+    """The settlements the shards reported lost (each part: one shard's, in its order), in the
+    order of `given`, all shards' settlements together. Matched by identity; of a lease given
+    several times, the lost ones are its last occurrences (the first one that held applied)."""
+    positions: dict[int, list[int]] = {}
+    for index, item in enumerate(given):
+        positions.setdefault(id(item), []).append(index)
+    counts: dict[int, int] = {}
+    objects: dict[int, T] = {}
+    for part in parts:
+        for item in part:
+            counts[id(item)] = counts.get(id(item), 0) + 1
+            objects[id(item)] = item
+    placed = [
+        (index, objects[key])
+        for key, count in counts.items()
+        for index in positions.get(key, [len(given)] * count)[-count:]
+    ]
+    placed.sort(key=lambda pair: pair[0])
+    return [item for _, item in placed]
+
+
 def rotation(names: Sequence[str], start: int) -> list[str]:
     """The shards from `start` (mod K) on, wrapping around: where claims begin rotates."""
     k = start % len(names)

@@ -159,3 +159,14 @@ def test_a_change_of_the_list_is_marked_with_an_epoch() -> None:
         target, previous = draining.placement(group)
         assert target in ("a", "b") and previous == home(group, ["a", "b", "c"])
     assert not parse_shard_list("a=http://h:1").changing
+
+
+def test_lost_settlements_come_back_in_the_order_given() -> None:
+    from rqlite_queue.sharding import in_given_order
+
+    l0, l1, l2 = object(), object(), object()
+    given = [l0, l1, l0, l2]
+    # shard x had [l0, l0] and lost the second; shard y had [l1, l2] and lost both
+    assert in_given_order(given, [[l0], [l1, l2]]) == [l1, l0, l2]
+    assert in_given_order(given, [[l1, l2], [l0, l0]]) == [l0, l1, l0, l2]
+    assert in_given_order(given, []) == []

@@ -42,6 +42,7 @@ from ..sharding import (
     ShardSpec,
     ShardStatus,
     check_shard_name,
+    in_given_order,
     merge_probes,
     merge_sorted,
     merge_stats,
@@ -622,7 +623,10 @@ class AsyncShardedTransport(AsyncTransport):
                 for name, r in rounds.items()
                 for lease in r.leases
             ],
-            lost=[lease for r in rounds.values() for lease in r.lost],
+            lost=in_given_order(
+                [*ack, *(lease for lease, _ in nack), *extend, *(lease for lease, _ in dead)],
+                [r.lost for r in rounds.values()],
+            ),
             extended=[
                 dataclasses.replace(lease, shard=name)
                 for name, r in rounds.items()
@@ -671,7 +675,9 @@ class AsyncShardedTransport(AsyncTransport):
         for name in parts:
             self._check_up(name)
         results = await self._on_many(list(parts), lambda name, shard: _lost_of(shard, parts[name]))
-        lost = [lease for r in results.values() if not isinstance(r, BaseException) for lease in r]
+        lost = in_given_order(
+            list(leases), [r for r in results.values() if not isinstance(r, BaseException)]
+        )
         failed = [name for name, r in results.items() if isinstance(r, BaseException)]
         if failed:
             raise Unavailable(f"ack_many: shard(s) {', '.join(failed)} did not answer")

@@ -43,6 +43,7 @@ from ..sharding import (
     ShardSpec,
     ShardStatus,
     check_shard_name,
+    in_given_order,
     merge_probes,
     merge_sorted,
     merge_stats,
@@ -621,7 +622,10 @@ class ShardedTransport(Transport):
                 for name, r in rounds.items()
                 for lease in r.leases
             ],
-            lost=[lease for r in rounds.values() for lease in r.lost],
+            lost=in_given_order(
+                [*ack, *(lease for lease, _ in nack), *extend, *(lease for lease, _ in dead)],
+                [r.lost for r in rounds.values()],
+            ),
             extended=[
                 dataclasses.replace(lease, shard=name)
                 for name, r in rounds.items()
@@ -668,7 +672,9 @@ class ShardedTransport(Transport):
         for name in parts:
             self._check_up(name)
         results = self._on_many(list(parts), lambda name, shard: _lost_of(shard, parts[name]))
-        lost = [lease for r in results.values() if not isinstance(r, BaseException) for lease in r]
+        lost = in_given_order(
+            list(leases), [r for r in results.values() if not isinstance(r, BaseException)]
+        )
         failed = [name for name, r in results.items() if isinstance(r, BaseException)]
         if failed:
             raise Unavailable(f"ack_many: shard(s) {', '.join(failed)} did not answer")

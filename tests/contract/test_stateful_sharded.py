@@ -1,0 +1,219 @@
+"""The stateful model (test_stateful.py) on a queue over two shards: one model per shard, each
+call routed to the model of its group's shard, as the transport routes it.
+
+What a sharded claim takes depends on where it starts (a rotation) and on what each shard
+had; the machine records which shard each claim was sent to, and for how many, and checks that
+each shard's leases are exactly what that shard's model predicts for those calls (round robin,
+fencing, priority floor within the shard), and that a claim that took fewer than asked for left
+nothing claimable on any shard. Dedup ids are scoped to their group on a sharded queue: the
+models get (group, id) as the id."""
+
+from __future__ import annotations
+
+import functools
+import os
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rqlite_queue import Lease, ShardedTransport
+from rqlite_queue.sharding import home
+from rqlite_queue.testing import Cluster
+
+from .conftest import FakeClock
+from .test_stateful import (
+    DEDUP_WINDOW,
+    GROUPS,
+    Group,
+    Model,
+    Predicted,
+    QueueMachine,
+    run,
+)
+
+SHARDS = ("a", "b")
+assert {home(g, SHARDS) for g in GROUPS} == set(SHARDS), "the groups must span both shards"
+
+
+class ShardedModel:
+    """The models of the shards, seen as one queue where the machine reads the whole of it."""
+
+    def __init__(self, now: float, dedup_window: float) -> None:
+        self.shards = {name: Model(now, dedup_window) for name in SHARDS}
+
+    def of(self, group_id: str) -> Model:
+        return self.shards[home(group_id, SHARDS)]
+
+    # The machine's reads of the whole queue.
+    @property
+    def now(self) -> float:
+        return self.shards[SHARDS[0]].now
+
+    @now.setter
+    def now(self, value: float) -> None:
+        for model in self.shards.values():
+            model.now = value
+
+    @property
+    def paused(self) -> bool:
+        return any(m.paused for m in self.shards.values())
+
+    @paused.setter
+    def paused(self, value: bool) -> None:
+        for model in self.shards.values():
+            model.paused = value
+
+    @property
+    def groups(self) -> dict[str, Group]:
+        return {g: group for m in self.shards.values() for g, group in m.groups.items()}
+
+    @property
+    def dead(self) -> list[tuple[Any, ...]]:
+        return [d for m in self.shards.values() for d in m.dead]
+
+    @property
+    def held(self) -> set[str]:
+        return set().union(*(m.held for m in self.shards.values()))
+
+    @property
+    def expired(self) -> int:
+        return sum(m.expired for m in self.shards.values())
+
+    @property
+    def last_seq(self) -> int:
+        return sum(m.last_seq for m in self.shards.values())
+
+    @property
+    def schedules(self) -> dict[str, list[Any]]:
+        return {n: v for m in self.shards.values() for n, v in m.schedules.items()}
+
+    def busy(self, g: Group) -> bool:
+        return self.shards[SHARDS[0]].busy(g)
+
+    def listing(self) -> list[tuple[Any, ...]]:
+        return sorted(row for m in self.shards.values() for row in m.listing())
+
+    # Calls about one group, on its shard's model.
+    def publish(
+        self,
+        group_id: str,
+        event: Any,
+        priority: int,
+        dedup_id: str | None,
+        delay: float | None = None,
+        ttl: float | None = None,
+    ) -> int:
+        scoped = None if dedup_id is None else f"{group_id}\0{dedup_id}"
+        return self.of(group_id).publish(group_id, event, priority, scoped, delay, ttl)
+
+    def holds(self, lease: Lease) -> bool:
+        return self.of(lease.group_id).holds(lease)
+
+    def ack(self, lease: Lease) -> bool:
+        return self.of(lease.group_id).ack(lease)
+
+    def nack(self, lease: Lease, delay: float) -> bool:
+        return self.of(lease.group_id).nack(lease, delay)
+
+    def extend(self, lease: Lease, visibility: float) -> bool:
+        return self.of(lease.group_id).extend(lease, visibility)
+
+    def dead_letter(self, lease: Lease, hold: bool = False) -> bool:
+        return self.of(lease.group_id).dead_letter(lease, hold)
+
+    def hold(self, group_id: str) -> None:
+        self.of(group_id).hold(group_id)
+
+    def release(self, group_id: str) -> bool:
+        return self.of(group_id).release(group_id)
+
+    def cancel(self, group_id: str) -> int:
+        return self.of(group_id).cancel(group_id)
+
+    def set_priority(self, group_id: str, priority: int) -> bool:
+        return self.of(group_id).set_priority(group_id, priority)
+
+    def schedule(
+        self, name: str, group_id: str, event: Any, priority: int, every: float, catch_up: bool
+    ) -> float:
+        for model in self.shards.values():
+            model.schedules.pop(name, None)
+        return self.of(group_id).schedule(name, group_id, event, priority, every, catch_up)
+
+    def unschedule(self, name: str) -> bool:
+        return any([m.unschedule(name) for m in self.shards.values()])
+
+    def fire(self) -> int:
+        return sum(m.fire() for m in self.shards.values())
+
+
+class ShardedMachine(QueueMachine):
+    def open(self, clock: FakeClock) -> Any:
+        raise NotImplementedError
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+        super().__init__()
+        self.model = ShardedModel(self.clock.now, DEDUP_WINDOW)  # type: ignore[assignment]
+        assert isinstance(self.q, ShardedTransport)
+        for name in SHARDS:  # record each claim sent to a shard: (shard, n)
+            shard = self.q.shard(name)
+            for method in ("claim_many", "settle_and_claim"):
+                setattr(shard, method, self._recorder(name, method, getattr(shard, method)))
+
+    def _recorder(self, name: str, method: str, call: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(call)
+        def recorded(*args: Any, **kwargs: Any) -> Any:
+            n = args[2] if len(args) > 2 else kwargs.get("n", 0)
+            self.calls.append((name, n))
+            return call(*args, **kwargs)
+
+        return recorded
+
+    def predict_claim(self, n: int, min_priority: int, visibility: float) -> list[Predicted]:
+        calls, self.calls = self.calls, []
+        model: ShardedModel = self.model  # type: ignore[assignment]
+        predicted: list[Predicted] = []
+        for name, k in calls:
+            predicted += model.shards[name].claim(k, min_priority, visibility)
+        if len(predicted) < n:  # took fewer than asked: nothing claimable was left anywhere
+            for shard_model in model.shards.values():
+                assert shard_model.eligible(min_priority) == []
+        return predicted
+
+    def in_listing_order(self, dead: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        return sorted(dead)  # seqs are per shard: the shards' lists are merged by time
+
+
+def on_shards(urls: Callable[[], tuple[str, str]]) -> type[ShardedMachine]:
+    class Machine(ShardedMachine):
+        def open(self, clock: FakeClock) -> Any:
+            first, second = urls()
+            queue = f"ss_{uuid.uuid4().hex[:12]}"
+            return ShardedTransport(
+                f"a={first};b={second}",
+                queue=queue,
+                clock=clock,
+                dedup_window=DEDUP_WINDOW,
+                max_skew=None,
+            )
+
+    return Machine
+
+
+def test_the_contract_holds_on_two_sqlite_shards(tmp_path: Path) -> None:
+    def urls() -> tuple[str, str]:
+        tag = uuid.uuid4().hex[:12]
+        return (
+            "sqlite:///" + os.fspath(tmp_path / f"a_{tag}.db"),
+            "sqlite:///" + os.fspath(tmp_path / f"b_{tag}.db"),
+        )
+
+    run(on_shards(urls), examples=60, steps=30)
+
+
+def test_the_contract_holds_on_two_rqlite_shards(
+    rqlite_cluster: Cluster, second_cluster: Cluster
+) -> None:
+    run(on_shards(lambda: (rqlite_cluster.url, second_cluster.url)), examples=15, steps=25)
