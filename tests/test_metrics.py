@@ -184,3 +184,31 @@ def test_without_prometheus_client_the_error_says_what_to_install(
         monkeypatch.setitem(sys.modules, "prometheus_client.core", None)
         with pytest.raises(ImportError, match=r"rqlite-queue\[metrics\]"):
             serve_metrics(worker, 0)
+
+
+def test_a_sharded_queue_reports_each_shard(
+    rqlite_cluster_factory: Callable[..., object], queue_name: str
+) -> None:
+    """`shard_up` and `shard_depth` per shard; a shard killed reads 0 once found down."""
+    from rqlite_queue import ShardedTransport
+    from rqlite_queue.testing import Cluster
+
+    a: Cluster = rqlite_cluster_factory(1)  # type: ignore[assignment]
+    b: Cluster = rqlite_cluster_factory(1)  # type: ignore[assignment]
+    with ShardedTransport(f"a={a.url};b={b.url}", queue=queue_name, deadline=2.0) as q:
+        q.publish_many([(f"g{i}", i) for i in range(20)])
+        worker = Worker(q, handler)
+        registry = CollectorRegistry()
+        registry.register(WorkerCollector(worker, stats_interval=0))  # type: ignore[arg-type]
+        text = generate_latest(registry).decode()
+        on_a = sum(1 for i in range(20) if q.shard_of(f"g{i}") == "a")
+        assert value(text, "rqlite_queue_shard_depth", shard="a") == on_a
+        assert value(text, "rqlite_queue_shard_depth", shard="b") == 20 - on_a
+        assert value(text, "rqlite_queue_shard_up", shard="b") == 1
+        b.nodes[0].kill()
+        with pytest.raises(Exception):  # noqa: B017 - Unavailable, after its deadline
+            q.publish(next(f"g{i}" for i in range(20) if q.shard_of(f"g{i}") == "b"), 1)
+        text = generate_latest(registry).decode()
+        assert value(text, "rqlite_queue_shard_up", shard="b") == 0
+        assert value(text, "rqlite_queue_shard_up", shard="a") == 1
+        assert ("rqlite_queue_shard_depth", (("shard", "b"),)) not in samples(text)

@@ -206,6 +206,9 @@ MALFORMED = [
     ("scheme without //", f"http:alice:{PW_ENCODED}@h:1"),
     ("scheme typo", f"http//alice:{PW_ENCODED}@h:1"),
     ("sqlite scheme", f"sqlite://alice:{PW_ENCODED}@h:1"),
+    ("a shard's port bad", f"a=http://alice:{PW_ENCODED}@h:port;b=http://h:2"),
+    ("an unnamed shard's port bad", f"http://alice:{PW_ENCODED}@h:port;http://h:2"),
+    ("an unnamed shard's port bad, raw", f"http://alice:{PW}@h:port;http://h:2"),
 ]
 MISSING_HOST = [
     ("no @host", f"http://alice:{PW_ENCODED}"),

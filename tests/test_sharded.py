@@ -242,3 +242,29 @@ def test_a_workers_settlements_wait_for_their_shard_to_come_back(
         fault.join()
         assert q.stats().depth == 0
     assert handled == {(g, i): 1 for g in groups for i in range(2)}
+
+
+def test_the_dashboard_shows_every_shards_nodes_and_groups(
+    two_clusters: tuple[Cluster, Cluster],
+) -> None:
+    pytest.importorskip("starlette", reason="the dashboard extra is not installed")
+    import httpx
+
+    from rqlite_queue.dashboard import create_app
+
+    a, b = two_clusters
+
+    async def main() -> None:
+        q = await AsyncShardedTransport.from_url(f"a={a.url};b={b.url}", queue="dash")
+        assert isinstance(q, AsyncShardedTransport)
+        async with q:
+            await q.publish_many([(f"order-{i}", i) for i in range(6)])
+            asgi = httpx.ASGITransport(app=create_app(q))
+            async with httpx.AsyncClient(transport=asgi, base_url="http://dash") as http:
+                page = await http.get("/")
+                assert page.status_code == 200
+                assert 'data-node="a/' in page.text and 'data-node="b/' in page.text
+                groups = await http.get("/groups")
+                assert all(f"order-{i}" in groups.text for i in range(6))
+
+    asyncio.run(main())

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .lease import Lease
@@ -55,6 +55,17 @@ class NoLeader(Unavailable):
 class ShardDown(Unavailable):
     """Refused at once by a sharded transport: the group's shard did not answer a moment ago
     and is being probed in the background (the other shards' groups are unaffected)."""
+
+
+class PartialRound(Unavailable):
+    """A sharded `settle_and_claim` whose settlements on some shard were not applied (the
+    shard did not answer): `round` is what the other shards did (their settlements applied,
+    their new leases), with the unapplied settlements in `round.unsettled`. A caller that
+    treats it as a plain failure loses nothing: the leases in `round` lapse and come back."""
+
+    def __init__(self, message: str, round: Any) -> None:
+        super().__init__(message)
+        self.round = round
 
 
 class OutcomeUnknown(Unavailable):

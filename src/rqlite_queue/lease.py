@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -71,6 +71,8 @@ class Stats:
     On a sharded queue, the sum of the shards' last seqs."""
     shards_down: tuple[str, ...] = ()
     """A sharded queue's shards that did not answer: the counts above leave them out."""
+    by_shard: dict[str, int] = field(default_factory=dict)
+    """A sharded queue's depth on each shard that answered."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,8 @@ linearizable read on rqlite). Every metric has a `queue` label:
 | `rqlite_queue_dead_letters` | gauge | messages in the dead-letter table |
 | `rqlite_queue_oldest_age_seconds` | gauge | age of the oldest queued message |
 | `rqlite_queue_stats_errors_total` | counter | scrapes whose `stats()` call failed |
+| `rqlite_queue_shard_up{shard}` | gauge | sharded: 1 while the shard answers, else 0 |
+| `rqlite_queue_shard_depth{shard}` | gauge | sharded: messages on each shard that answered |
 
 The claim-latency histogram's buckets are `rqlite_queue.worker.CLAIM_BUCKETS`."""
 
@@ -265,6 +267,30 @@ class WorkerCollector:
             dead.add_metric(queue, snapshot.dead)
             oldest.add_metric(queue, snapshot.oldest_age or 0.0)
         yield from (depth, groups, leased, parked, dead, oldest)
+        yield from self._shard_families(snapshot, with_samples)
+
+    def _shard_families(self, snapshot: Stats | None, with_samples: bool) -> Iterator[Metric]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        transport = self.worker.transport
+        names: list[str] | None = getattr(transport, "names", None)
+        if names is None or not hasattr(transport, "down_shards"):
+            return  # one cluster
+        up = GaugeMetricFamily(
+            f"{PREFIX}_shard_up",
+            "1 while the shard answers, 0 while it is down or skipped by claims.",
+            labels=["queue", "shard"],
+        )
+        depth = GaugeMetricFamily(
+            f"{PREFIX}_shard_depth", "Messages on the shard.", labels=["queue", "shard"]
+        )
+        if with_samples:
+            down = set(transport.down_shards())
+            for name in names:
+                up.add_metric([self.queue, name], 0 if name in down else 1)
+            for name, count in (snapshot.by_shard if snapshot is not None else {}).items():
+                depth.add_metric([self.queue, name], count)
+        yield from (up, depth)
 
 
 class MetricsServer:

@@ -98,9 +98,18 @@ def check_shard_name(name: object) -> str:
     return name
 
 
+_SHARD_PART = re.compile(r"\s*(epoch=|[+-]?([a-z0-9][a-z0-9_.:-]*=)?(https?|sqlite)://)")
+_NAMED = re.compile(r"\s*[+-]?[a-z0-9][a-z0-9_.:-]*=(https?|sqlite)://")
+
+
 def is_sharded_url(url: str) -> bool:
-    """Several clusters (`;`), or one named (`name=URL`, `+name=URL`)."""
-    return SEPARATOR in url or bool(re.match(r"[+-]?[a-z0-9][a-z0-9_.:-]*=", url))
+    """A shard list: parts separated by `;`, each a URL (optionally `name=`, `+name=`,
+    `-name=`) or `epoch=N`; or a single named URL. (A `;` inside one URL, say in a password,
+    does not make it a shard list.)"""
+    parts = url.split(SEPARATOR)
+    if len(parts) == 1:
+        return bool(_NAMED.match(url))
+    return all(_SHARD_PART.match(part) for part in parts if part.strip())
 
 
 def parse_shards(url: str) -> list[ShardSpec]:
@@ -160,11 +169,16 @@ def _default_name(url: str) -> str:
     first = url.split(",")[0]
     if first.startswith("sqlite://"):
         raise InvalidArgument("an SQLite shard needs a name: name=sqlite:///path.db")
-    parts = urlsplit(first)
-    host = parts.hostname or ""
-    name = f"{host}:{parts.port}" if parts.port else host
+    try:
+        parts = urlsplit(first)
+        host = parts.hostname or ""
+        name = f"{host}:{parts.port}" if parts.port else host
+    except ValueError:  # a bad port: said without the URL, which may hold a password
+        name = ""
     if not SHARD_NAME.fullmatch(name):
-        raise InvalidArgument(f"cannot name the shard of {first!r}: give it a name (name=URL)")
+        raise InvalidArgument(
+            "cannot name a shard after its first node's address: give it a name (name=URL)"
+        )
     return name
 
 

@@ -38,6 +38,7 @@ class Op:
     attempts: int = 0
     expires_at: float = 0.0
     token: str = ""
+    shard: str = ""
 
 
 @dataclass
@@ -100,6 +101,8 @@ class Report:
     elapsed: float
     network: str = "loopback"
     outcomes: dict[str, int] = field(default_factory=dict)
+    outages: list[str] = field(default_factory=list)
+    """Sharded runs: each shard outage, and the other shards' claims during it."""
 
     @property
     def ok(self) -> bool:
@@ -127,6 +130,7 @@ class Report:
             f"operations: {self.operations} ({dict(sorted(self.outcomes.items()))})",
             f"faults injected: {len(self.faults)} ({dict(sorted(self._kinds().items()))})",
             *self._partition_lines(),
+            *self.outages,
             f"published: {self.published}, acked: {self.acked}, lost: {len(self.lost)}, "
             f"left in the queue: {self.remaining}",
             f"duplicates delivered: {self.duplicates_delivered} (redeliveries after a lapsed "

@@ -28,13 +28,18 @@ import httpx
 
 from rqlite_queue import (
     AsyncRqliteTransport,
+    AsyncShardedTransport,
     Lease,
     LeaseLost,
     OutcomeUnknown,
+    PartialRound,
     QueueError,
     RqliteTransport,
+    ShardedTransport,
+    Transport,
     Unavailable,
 )
+from rqlite_queue.sharding import home
 from rqlite_queue.testing import Cluster, Node
 
 from .checker import Fault, Op, Report, check
@@ -45,6 +50,7 @@ DEADLINE = 20.0
 NODE_FAULTS = ("kill_leader", "pause_leader", "pause_follower")
 PARTITIONS = ("partition_leader", "partition_follower")
 WORKER_FAULTS = ("pause_worker",)
+SHARD_FAULTS = ("shard_down",)
 ALL_FAULTS = NODE_FAULTS + PARTITIONS + WORKER_FAULTS
 
 
@@ -73,6 +79,11 @@ class Config:
     """How long a node or a worker stays frozen (SIGSTOP)."""
     partition: tuple[float, float] = (1.0, 3.0)
     """How long a node stays cut off."""
+    shards: int = 1
+    """Clusters the queue is sharded over (2+: node faults hit them in turn; partitions are
+    for one cluster only)."""
+    outage: tuple[float, float] = (4.0, 6.0)
+    """How long a `shard_down` fault keeps every node of one shard's cluster down."""
 
     @property
     def wants_network(self) -> bool:
@@ -92,7 +103,9 @@ def _classify(exc: BaseException) -> str:
     return f"error:{type(exc).__name__}"
 
 
-def _transport(url: str, queue: str) -> RqliteTransport:
+def _transport(url: str, queue: str) -> Transport:
+    if ";" in url:
+        return ShardedTransport(url, timeout=HTTP_TIMEOUT, queue=queue, deadline=DEADLINE)
     return RqliteTransport(url, timeout=HTTP_TIMEOUT, queue=queue, deadline=DEADLINE)
 
 
@@ -142,7 +155,7 @@ class Log:
         e = lease.event
         self.log.append(
             Op("claim", self.actor, t0, time.time(), "ok", e["g"], e["i"], lease.seq,
-               lease.attempts, lease.expires_at, lease.token)
+               lease.attempts, lease.expires_at, lease.token, lease.shard)
         )  # fmt: skip
 
     def claim_failed(self, t0: float, exc: BaseException) -> None:
@@ -156,9 +169,18 @@ class Log:
         )  # fmt: skip
 
 
-def _round_outcomes(held: Sequence[Lease], lost: Sequence[Lease], resent: bool) -> list[str]:
-    """Per acked lease: lost leases were fenced; after a resend, success is at-least-once."""
-    return ["lease_lost" if lease in lost else "resent" if resent else "ok" for lease in held]
+def _round_outcomes(
+    held: Sequence[Lease], lost: Sequence[Lease], resent: bool, unsettled: Sequence[Lease] = ()
+) -> list[str]:
+    """Per acked lease: lost leases were fenced; after a resend, success is at-least-once;
+    unsettled ones (a sharded round's shard that did not answer) were not applied."""
+    return [
+        "unavailable" if lease in unsettled
+        else "lease_lost" if lease in lost
+        else "resent" if resent
+        else "ok"
+        for lease in held
+    ]  # fmt: skip
 
 
 def thread_worker(
@@ -208,10 +230,14 @@ def _settle_and_claim_loop(
         n = 0 if done() else config.batch
         resent = q.resent
         t0 = time.time()
+        unsettled: Sequence[Lease] = ()
         try:
             if held:
-                got = q.settle_and_claim(log.actor, config.visibility, n, ack=held)
-                leases, lost = got.leases, got.lost
+                try:
+                    got = q.settle_and_claim(log.actor, config.visibility, n, ack=held)
+                except PartialRound as partial:  # one shard did not answer; the rest applied
+                    got = partial.round
+                leases, lost, unsettled = got.leases, got.lost, got.unsettled
             else:  # nothing to settle: `claim_many` asks the node first when idle
                 leases, lost = q.claim_many(log.actor, config.visibility, n), []
         except QueueError as exc:
@@ -223,7 +249,7 @@ def _settle_and_claim_loop(
             time.sleep(0.05)
             continue
         for lease, outcome in zip(
-            held, _round_outcomes(held, lost, q.resent != resent), strict=True
+            held, _round_outcomes(held, lost, q.resent != resent, unsettled), strict=True
         ):
             log.acked(t0, lease, outcome)
         for lease in leases:
@@ -236,7 +262,8 @@ async def task_worker(
     url: str, queue: str, name: str, done: Callable[[], bool], log: list[Op], seed: int,
     config: Config,
 ) -> None:  # fmt: skip
-    async with AsyncRqliteTransport(url, timeout=HTTP_TIMEOUT, queue=queue, deadline=DEADLINE) as q:
+    kind = AsyncShardedTransport if ";" in url else AsyncRqliteTransport
+    async with kind(url, timeout=HTTP_TIMEOUT, queue=queue, deadline=DEADLINE) as q:
         if seed % 2:
             await _async_settle_and_claim_loop(
                 q, Log(name, log), done, Handler(config, seed), config
@@ -279,10 +306,14 @@ async def _async_settle_and_claim_loop(
         n = 0 if done() else config.batch
         resent = q.resent
         t0 = time.time()
+        unsettled: Sequence[Lease] = ()
         try:
             if held:
-                got = await q.settle_and_claim(log.actor, config.visibility, n, ack=held)
-                leases, lost = got.leases, got.lost
+                try:
+                    got = await q.settle_and_claim(log.actor, config.visibility, n, ack=held)
+                except PartialRound as partial:  # one shard did not answer; the rest applied
+                    got = partial.round
+                leases, lost, unsettled = got.leases, got.lost, got.unsettled
             else:
                 leases, lost = await q.claim_many(log.actor, config.visibility, n), []
         except QueueError as exc:
@@ -294,7 +325,7 @@ async def _async_settle_and_claim_loop(
             await asyncio.sleep(0.05)
             continue
         for lease, outcome in zip(
-            held, _round_outcomes(held, lost, q.resent != resent), strict=True
+            held, _round_outcomes(held, lost, q.resent != resent, unsettled), strict=True
         ):
             log.acked(t0, lease, outcome)
         for lease in leases:
@@ -328,17 +359,21 @@ class Nemesis:
     - partition_leader / partition_follower: cut a node off from the other two (it still
       answers clients), watching that the majority elects a leader and the cut-off leader
       steps down;
-    - pause_worker: SIGSTOP a worker process, so the leases it holds lapse under it."""
+    - pause_worker: SIGSTOP a worker process, so the leases it holds lapse under it;
+    - shard_down (sharded runs): kill -9 every node of one shard's cluster, restart them all
+      `outage` seconds later.
+
+    With several clusters (shards), node faults hit them in turn."""
 
     def __init__(
         self,
-        cluster: Cluster,
+        clusters: Sequence[Cluster],
         net: Network | None,
         workers: Sequence[multiprocessing.process.BaseProcess],
         config: Config,
         stop: threading.Event,
     ) -> None:
-        self.cluster = cluster
+        self.clusters = list(clusters)
         self.net = net
         self.workers = workers
         self.config = config
@@ -350,7 +385,9 @@ class Nemesis:
         self.kinds = [
             k
             for k in config.kinds
-            if (k not in PARTITIONS or net is not None) and (k not in WORKER_FAULTS or workers)
+            if (k not in PARTITIONS or net is not None)
+            and (k not in WORKER_FAULTS or workers)
+            and (k not in SHARD_FAULTS or len(clusters) > 1)
         ]
 
     def run(self) -> None:
@@ -374,6 +411,10 @@ class Nemesis:
         if kind == "pause_worker":
             self._pause_worker(self.rng.choice(self.workers))
             return
+        self.cluster = self.clusters[len(self.faults) % len(self.clusters)]
+        if kind == "shard_down":
+            self._shard_down(self.cluster)
+            return
         try:
             leader = self.cluster.leader(timeout=10)
         except Exception:  # no leader right now: let the cluster settle
@@ -391,6 +432,16 @@ class Nemesis:
         fault = Fault(kind, node, time.time())
         self.faults.append(fault)
         return fault
+
+    def _shard_down(self, cluster: Cluster) -> None:
+        shard = f"s{self.clusters.index(cluster)}"
+        fault = self._fault("shard_down", shard)
+        for node in cluster.nodes:
+            node.kill()
+        self.stop.wait(self.rng.uniform(*self.config.outage))
+        for node in cluster.nodes:
+            node.restart()
+        fault.t1 = time.time()
 
     def _kill(self, node: Node) -> None:
         fault = self._fault("kill_leader", node.node_id)
@@ -448,11 +499,12 @@ class Nemesis:
         if self.net is not None:
             for k in list(self.net.cut):
                 self.net.heal(k)
-        for node in self.cluster.nodes:
-            if node.paused:
-                node.resume()
-            if not node.is_running:
-                node.restart()
+        for cluster in self.clusters:
+            for node in cluster.nodes:
+                if node.paused:
+                    node.resume()
+                if not node.is_running:
+                    node.restart()
         for worker in self.workers:
             if worker.pid is not None and worker.is_alive():
                 os.kill(worker.pid, signal.SIGCONT)
@@ -494,11 +546,30 @@ def _network(config: Config) -> Iterator[tuple[Network | None, str]]:
 
 def run(config: Config, binary: str, workdir: Path) -> Report:
     start = time.time()
+    if config.shards > 1:
+        with contextlib.ExitStack() as stack:
+            clusters = [
+                stack.enter_context(Cluster(3, binary=binary)) for _ in range(config.shards)
+            ]
+            log, faults, remaining = _drive(config, clusters, None, workdir, start)
+            compared = [_compare_replicas(c, _queue(config)) for c in clusters]
+        report = check(
+            config,
+            log,
+            faults,
+            remaining=remaining,
+            identical=all(same for same, _ in compared),
+            detail="; ".join(f"shard s{i}: {d}" for i, (_, d) in enumerate(compared)),
+            elapsed=time.time() - start,
+            network=f"loopback, {config.shards} clusters (shards s0..s{config.shards - 1})",
+        )
+        report.outages = outage_lines(log, faults)
+        return report
     with _network(config) as (net, network):
         hosts = net.hosts if net is not None else None
         wrappers = net.wrappers if net is not None else None
         with Cluster(3, binary=binary, hosts=hosts, wrappers=wrappers) as cluster:
-            log, faults, remaining = _drive(config, cluster, net, workdir, start)
+            log, faults, remaining = _drive(config, [cluster], net, workdir, start)
             identical, detail = _compare_replicas(cluster, _queue(config))
     return check(
         config,
@@ -512,27 +583,57 @@ def run(config: Config, binary: str, workdir: Path) -> Report:
     )
 
 
+def outage_lines(log: Sequence[Op], faults: Sequence[Fault]) -> list[str]:
+    """For each shard outage: the other shards' claims per second while it lasted, against
+    the same span just before it (the dip a healthy shard's workers saw)."""
+    lines = []
+    for fault in faults:
+        if fault.kind != "shard_down" or not fault.t1:
+            continue
+        span = fault.t1 - fault.t0
+        healthy = [
+            o for o in log if o.kind == "claim" and o.outcome == "ok" and o.shard != fault.node
+        ]
+        during = sum(1 for o in healthy if fault.t0 <= o.t1 < fault.t1) / span
+        before = sum(1 for o in healthy if fault.t0 - span <= o.t1 < fault.t0) / span
+        ratio = f"{during / before:.2f}x" if before else "n/a"
+        lines.append(
+            f"shard {fault.node} down {span:.1f} s: the other shards' claims went on at "
+            f"{during:.1f}/s (before: {before:.1f}/s, {ratio})"
+        )
+    return lines
+
+
 def _queue(config: Config) -> str:
     return f"chaos{config.seed}_{os.getpid()}"
 
 
 def _drive(
-    config: Config, cluster: Cluster, net: Network | None, workdir: Path, start: float
+    config: Config, clusters: list[Cluster], net: Network | None, workdir: Path, start: float
 ) -> tuple[list[Op], list[Fault], int]:
     """Publish, work and inject faults until every message is acked; return the log, the
     faults and how many messages were left in the queue."""
-    queue, url = _queue(config), cluster.url
+    queue = _queue(config)
+    url = (
+        clusters[0].url
+        if len(clusters) == 1
+        else ";".join(f"s{i}={c.url}" for i, c in enumerate(clusters))
+    )
     groups = [f"g{k:04d}" for k in range(config.groups)]
     log: list[Op] = []
     _transport(url, queue).setup()
+    if len(clusters) > 1:  # one publisher per shard: a shard's outage holds only its own
+        names = [f"s{i}" for i in range(len(clusters))]
+        parts = [[g for g in groups if home(g, names) == name] for name in names]
+    else:
+        parts = [groups[p :: config.publishers] for p in range(config.publishers)]
     publishing = [
         threading.Thread(
             target=publisher,
-            args=(url, queue, groups[p :: config.publishers], config.messages,
-                  config.publish_pace, log),
+            args=(url, queue, part, config.messages, config.publish_pace, log),
         )
-        for p in range(config.publishers)
-    ]  # fmt: skip
+        for part in parts
+    ]
     finished = threading.Event()
     stop_file = str(workdir / "stop")
     workers = [
@@ -551,7 +652,7 @@ def _drive(
         for k in range(config.process_workers)
     ]
     stop_nemesis = threading.Event()
-    nemesis = Nemesis(cluster, net, processes, config, stop_nemesis)
+    nemesis = Nemesis(clusters, net, processes, config, stop_nemesis)
     chaos = threading.Thread(target=nemesis.run)
     for p in processes:
         p.start()

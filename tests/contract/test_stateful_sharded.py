@@ -159,7 +159,7 @@ class ShardedMachine(QueueMachine):
         assert isinstance(self.q, ShardedTransport)
         for name in SHARDS:  # record each claim sent to a shard: (shard, n)
             shard = self.q.shard(name)
-            for method in ("claim_many", "settle_and_claim"):
+            for method in ("_claim_many", "_settle_and_claim"):
                 setattr(shard, method, self._recorder(name, method, getattr(shard, method)))
 
     def _recorder(self, name: str, method: str, call: Callable[..., Any]) -> Callable[..., Any]:

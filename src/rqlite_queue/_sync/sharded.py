@@ -30,6 +30,7 @@ from ..errors import (
     BackendError,
     InvalidArgument,
     LeaseLost,
+    PartialRound,
     QueueError,
     ShardDown,
     StaleShardList,
@@ -68,6 +69,9 @@ T = TypeVar("T")
 
 _RQLITE_ONLY = frozenset({"auth", "verify", "timeout", "max_skew", "skew_warning"})
 PROBE_DEADLINE = 2.0
+DEFAULT_CLAIM_DEADLINE = 2.0
+"""How long a claim round waits for one shard: a shard that does not answer in time is
+skipped by claims (the others' leases are returned) until it answers a background probe."""
 RELEASE_SWEEP = 1.0
 """While the shard list changes, how often `fire_schedules` (called by workers) looks for
 moved groups still held on their new shard after their old one emptied (after a crash)."""
@@ -107,6 +111,7 @@ class ShardedTransport(Transport):
         clock: Callable[[], float] = time.time,
         deadline: float = DEFAULT_DEADLINE,
         dedup_key: Callable[[Any], str | None] | None = None,
+        claim_deadline: float = DEFAULT_CLAIM_DEADLINE,
         **options: Any,
     ) -> None:
         core = QueueCore(queue=queue, codec=codec, clock=clock, token=_token, chance=random.random)
@@ -149,9 +154,23 @@ class ShardedTransport(Transport):
         self.names: list[str] = list(self._shards)
         """The shards' names, in the order given."""
         self.health = Health()
+        """Shards that did not answer within the deadline: their groups' calls are refused."""
+        self.claim_health = Health()
+        """Shards whose claim round did not answer within `claim_deadline`: claims skip them
+        (publishes still try them) until the background probe finds them answering."""
+        self.claim_deadline = min(float(deadline), claim_deadline)
         self._fan = FanOut(len(self._shards))
         self._turn = 0
         self._next_release_sweep = 0.0
+
+    @property
+    def resent(self) -> int:
+        """Batches the shards sent again after an unknown outcome."""
+        return sum(shard.resent for shard in getattr(self, "_shards", {}).values())
+
+    @resent.setter
+    def resent(self, value: int) -> None:
+        """The base class starts the count at 0; the shards keep their own."""
 
     def shard(self, name: str) -> Transport:
         """The transport of one shard."""
@@ -182,8 +201,9 @@ class ShardedTransport(Transport):
         return previous if here else target
 
     def down_shards(self) -> list[str]:
-        """The shards that did not answer and are being probed in the background."""
-        return self.health.down()
+        """The shards that did not answer and are being probed in the background (down, or
+        skipped by claims)."""
+        return sorted({*self.health.down(), *self.claim_health.down()})
 
     # ------------------------------------------------------------------------ plumbing
 
@@ -206,43 +226,56 @@ class ShardedTransport(Transport):
             self._mark_down(name)
         self._schema_checked = True
 
-    def _mark_down(self, name: str) -> None:
-        self.health.failed(name, time.monotonic())
+    def _mark_down(self, name: str, health: Health | None = None) -> None:
+        (health or self.health).failed(name, time.monotonic())
         self._fan.background(self._watch)
 
     def _watch(self) -> None:
         """The background job: probe the down shards when due, until all answer again."""
-        while self.health.down() and not self.closed:
-            for name in self.health.due(time.monotonic()):
+        healths = (self.health, self.claim_health)
+        while any(h.down() for h in healths) and not self.closed:
+            now = time.monotonic()
+            for name in sorted({name for h in healths for name in h.due(now)}):
                 shard = self._shards[name]
                 try:
                     if not shard._schema_checked:
                         shard._setup(time.monotonic() + PROBE_DEADLINE)
-                    shard.probe(0)
+                    shard._run(shard._core.probe(0), PROBE_DEADLINE)
                 except QueueError:
-                    self.health.failed(name, time.monotonic())
+                    for health in healths:
+                        if health.is_down(name):
+                            health.failed(name, time.monotonic())
                 else:
-                    self.health.recovered(name)
-            retry = self.health.next_retry()
-            if retry is None:
+                    for health in healths:
+                        health.recovered(name)
+            retries = [r for h in healths if (r := h.next_retry()) is not None]
+            if not retries:
                 return
-            if self._fan.pause(max(0.01, retry - time.monotonic())):
+            if self._fan.pause(max(0.01, min(retries) - time.monotonic())):
                 return
 
     def _live(self) -> list[str]:
         return [name for name in self.names if not self.health.is_down(name)]
 
-    def _check_up(self, name: str) -> None:
+    def _claimable(self) -> list[str]:
+        """The shards claims go to: neither down nor skipped after a failed claim."""
+        return [n for n in self._live() if not self.claim_health.is_down(n)]
+
+    def _check_up(self, name: str, leases: bool = False) -> None:
+        """ShardDown if the shard is down; with `leases` (calls on leases, settlements) also
+        if it is skipped by claims: a lease call must not hold its caller for a deadline."""
         since = self.health.since(name)
+        if since is None and leases:
+            since = self.claim_health.since(name)
         if since is not None:
             raise ShardDown(
                 f"shard {name!r} has not answered for {time.monotonic() - since:.1f}s "
                 "(probed in the background); its groups are unavailable until it answers"
             )
 
-    def _on(self, name: str, call: Callable[[Transport], Same[T]]) -> T:
+    def _on(self, name: str, call: Callable[[Transport], Same[T]], leases: bool = False) -> T:
         """Run `call` on one shard; a shard found unavailable is marked down."""
-        self._check_up(name)
+        self._check_up(name, leases)
         try:
             return call(self._shards[name])
         except ShardDown:
@@ -252,10 +285,14 @@ class ShardedTransport(Transport):
             raise
 
     def _on_many(
-        self, names: Sequence[str], call: Callable[[str, Transport], Same[T]]
+        self,
+        names: Sequence[str],
+        call: Callable[[str, Transport], Same[T]],
+        health: Health | None = None,
     ) -> dict[str, T | BaseException]:
-        """Run `call` on several shards at once; unavailable ones are marked down and given
-        as their exception. Any other error is raised."""
+        """Run `call` on several shards at once; unavailable ones are marked down (in
+        `health`, default the one that refuses publishes) and given as their exception. Any
+        other error is raised."""
         results = self._fan.all(
             [functools.partial(call, name, self._shards[name]) for name in names]
         )
@@ -263,7 +300,7 @@ class ShardedTransport(Transport):
         for name, result in zip(names, results, strict=True):
             if isinstance(result, Unavailable):
                 if not isinstance(result, ShardDown):  # refused at once: not a new failure
-                    self._mark_down(name)
+                    self._mark_down(name, health)
             elif isinstance(result, BaseException):
                 raise result
             out[name] = result
@@ -278,9 +315,16 @@ class ShardedTransport(Transport):
             raise Unavailable(f"{what}: shard(s) {', '.join(missing)} did not answer")
         return answered
 
-    def _answering(self, call: Callable[[str, Transport], Same[T]]) -> dict[str, T]:
-        """Run `call` on every shard that answers (reads that may leave a down shard out)."""
-        results = self._on_many(self._live(), call)
+    def _answering(
+        self, call: Callable[[str, Transport], Same[T]], workers: bool = False
+    ) -> dict[str, T]:
+        """Run `call` on every shard that answers (reads that may leave a down shard out).
+        `workers`: a call of the workers' loop: on the shards claims go to, skipping (like
+        claims) one that failed to answer it."""
+        if workers:
+            results = self._on_many(self._claimable(), call, self.claim_health)
+        else:
+            results = self._on_many(self._live(), call)
         answered = {n: r for n, r in results.items() if not isinstance(r, BaseException)}
         if not answered:
             raise Unavailable(f"queue {self.queue!r}: no shard answered")
@@ -489,7 +533,7 @@ class ShardedTransport(Transport):
     # ------------------------------------------------------------------------ claim, settle
 
     def _rotation(self) -> list[str]:
-        live = self._live()
+        live = self._claimable()
         self._turn += 1
         return rotation(live, self._turn) if live else []
 
@@ -551,22 +595,25 @@ class ShardedTransport(Transport):
             share = want.get(name, 0)
             if name not in settling:  # a claim alone: an idle shard answers with a read
                 return Round(
-                    leases=shard.claim_many(worker_id or "", visibility, share, min_priority)
+                    leases=shard._claim_many(
+                        worker_id or "", visibility, share, min_priority, self.claim_deadline
+                    )
                 )
-            self._check_up(name)
-            return shard.settle_and_claim(
+            self._check_up(name, leases=True)
+            return shard._settle_and_claim(
                 worker_id,
                 visibility,
                 share,
-                ack=acks.get(name, ()),
-                nack=nacks.get(name, ()),
-                extend=extends.get(name, ()),
-                dead=deads.get(name, ()),
-                hold_dead=hold_dead,
-                min_priority=min_priority,
+                acks.get(name, ()),
+                nacks.get(name, ()),
+                extends.get(name, ()),
+                deads.get(name, ()),
+                hold_dead,
+                min_priority,
+                self.claim_deadline,
             )
 
-        results = self._on_many(first, part)
+        results = self._on_many(first, part, self.claim_health)
         rounds: dict[str, Round] = {}
         unsettled: list[Lease] = []
         exhausted: set[str] = set()
@@ -582,9 +629,8 @@ class ShardedTransport(Transport):
                     exhausted.add(name)
         remaining = n - sum(len(r.leases) for r in rounds.values())
         while remaining > 0:  # the shards not asked yet, or that filled their share, for more
-            candidates = [
-                name for name in order if name not in exhausted and not self.health.is_down(name)
-            ]
+            claimable = self._claimable()
+            candidates = [name for name in order if name not in exhausted and name in claimable]
             if not candidates:
                 break
             more_want = shares(remaining, candidates)
@@ -592,8 +638,14 @@ class ShardedTransport(Transport):
             more = self._on_many(
                 ask,
                 functools.partial(
-                    _claim_from, worker_id or "", visibility, more_want, min_priority
+                    _claim_from,
+                    worker_id or "",
+                    visibility,
+                    more_want,
+                    min_priority,
+                    self.claim_deadline,
                 ),
+                self.claim_health,
             )
             for name in ask:
                 extra = more[name]
@@ -605,7 +657,7 @@ class ShardedTransport(Transport):
                 remaining -= len(extra)
                 r = rounds.get(name, Round())
                 rounds[name] = dataclasses.replace(r, leases=[*r.leases, *extra])
-        if n and not rounds and not self._live():
+        if n and not rounds and not self._claimable():
             raise Unavailable(f"queue {self.queue!r}: no shard answers")
         if self.shard_list.changing:
             finished = [
@@ -616,7 +668,7 @@ class ShardedTransport(Transport):
             # On failure left held: the next settlement or release_moved_groups() frees them.
             with contextlib.suppress(Unavailable):
                 self._release_moved(finished)
-        return Round(
+        done = Round(
             leases=[
                 dataclasses.replace(lease, shard=name)
                 for name, r in rounds.items()
@@ -633,35 +685,49 @@ class ShardedTransport(Transport):
             ],
             unsettled=unsettled,
         )
+        if unsettled:
+            down = sorted({self._lease_shard(lease) for lease in unsettled})
+            raise PartialRound(
+                f"settlements on shard(s) {', '.join(down)} were not applied (they did not "
+                f"answer); the rest of the round was: see .round",
+                done,
+            )
+        return done
 
     def probe(self, min_priority: int = 0) -> Probe:
         """Claimable if any answering shard is; the earliest due time of them all."""
         self._check_open()
-        return merge_probes((self._answering(lambda _, shard: shard.probe(min_priority))).values())
+        probes = self._answering(
+            lambda _, shard: shard._run(shard._core.probe(min_priority), self.claim_deadline),
+            workers=True,
+        )
+        return merge_probes(probes.values())
 
     def ack(self, lease: Lease) -> None:
         self._check_open()
         self._core.ack([lease])  # checks the lease as one cluster does
-        self._on(self._lease_shard(lease), lambda shard: shard.ack(lease))
+        self._on(self._lease_shard(lease), lambda shard: shard.ack(lease), True)
         self._release_moved([lease])
 
     def nack(self, lease: Lease, delay: float = 0.0) -> None:
         self._check_open()
         self._core.nack(lease, delay)
-        self._on(self._lease_shard(lease), lambda shard: shard.nack(lease, delay))
+        self._on(self._lease_shard(lease), lambda shard: shard.nack(lease, delay), True)
 
     def extend(self, lease: Lease, visibility: float) -> Lease:
         self._check_open()
         self._core.extend(lease, visibility)
         name = self._lease_shard(lease)
-        extended = self._on(name, lambda shard: shard.extend(lease, visibility))
+        extended = self._on(name, lambda shard: shard.extend(lease, visibility), True)
         return dataclasses.replace(extended, shard=name)
 
     def dead_letter(self, lease: Lease, reason: str, *, hold: bool = False) -> None:
         self._check_open()
         self._core.dead_letter(lease, reason, hold)
         self._on(
-            self._lease_shard(lease), lambda shard: shard.dead_letter(lease, reason, hold=hold)
+            self._lease_shard(lease),
+            lambda shard: shard.dead_letter(lease, reason, hold=hold),
+            True,
         )
         self._release_moved([lease])
 
@@ -670,7 +736,7 @@ class ShardedTransport(Transport):
         self._core.ack(leases)  # checks the leases as one cluster does
         parts = self._by_shard(leases)
         for name in parts:
-            self._check_up(name)
+            self._check_up(name, leases=True)
         results = self._on_many(list(parts), lambda name, shard: _lost_of(shard, parts[name]))
         lost = in_given_order(
             list(leases), [r for r in results.values() if not isinstance(r, BaseException)]
@@ -750,11 +816,11 @@ class ShardedTransport(Transport):
         if self.shard_list.changing and time.monotonic() >= self._next_release_sweep:
             self._next_release_sweep = time.monotonic() + RELEASE_SWEEP
             self.release_moved_groups()
-        results = self._answering(self._fire_on)
+        results = self._answering(self._fire_on, workers=True)
         return sum(results.values())
 
     def _fire_on(self, name: str, shard: Transport) -> int:
-        due = shard._run(shard._core.due_schedules())
+        due = shard._run(shard._core.due_schedules(), self.claim_deadline)
         fire: list[ScheduleRow] = []
         move: list[ScheduleRow] = []
         for row in due:
@@ -767,7 +833,7 @@ class ShardedTransport(Transport):
             self._check_up(target)
             self._shards[target]._run(self._shards[target]._core.put_row(row))
             shard._run(shard._core.unschedule(row.name))
-        return shard._run(shard._core.fire(fire)) if fire else 0
+        return shard._run(shard._core.fire(fire), self.claim_deadline) if fire else 0
 
     # ------------------------------------------------------------------------ operators
 
@@ -887,7 +953,8 @@ class ShardedTransport(Transport):
         results = self._answering(lambda _, shard: shard.stats())
         merged = merge_stats(results[name] for name in self.names if name in results)
         missing = tuple(name for name in self.names if name not in results)
-        return dataclasses.replace(merged, shards_down=missing)
+        depths = {name: results[name].depth for name in self.names if name in results}
+        return dataclasses.replace(merged, shards_down=missing, by_shard=depths)
 
     def shard_status(self) -> list[ShardStatus]:
         """Each shard as a change of the shard list sees it: its part in the change, whether
@@ -978,10 +1045,11 @@ def _claim_from(
     visibility: float,
     want: Mapping[str, int],
     min_priority: int,
+    within: float,
     name: str,
     shard: Transport,
 ) -> list[Lease]:
-    return shard.claim_many(worker_id, visibility, want[name], min_priority)
+    return shard._claim_many(worker_id, visibility, want[name], min_priority, within)
 
 
 def _lost_of(shard: Transport, leases: list[Lease]) -> list[Lease]:

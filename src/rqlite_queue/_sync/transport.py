@@ -144,8 +144,9 @@ class Transport:
             return plan.read(Reply(plan.batch, []))  # nothing to do (an empty settle, say)
         return plan.read(Reply(plan.batch, self._executor.execute(plan.batch, deadline)))
 
-    def _run(self, plan: Plan[T]) -> T:
-        deadline = time.monotonic() + self.deadline
+    def _run(self, plan: Plan[T], within: float | None = None) -> T:
+        """Run `plan` within `within` seconds (default: the transport's `deadline`)."""
+        deadline = time.monotonic() + (self.deadline if within is None else within)
         if not self._schema_checked:
             self._setup(deadline)
         try:
@@ -242,15 +243,25 @@ class Transport:
         """Up to `n` leases from `n` distinct groups, in one round trip. After a claim that
         found nothing, the next one first asks the node it talks to (a read, no Raft write)
         and only writes when something is claimable."""
+        return self._claim_many(worker_id, visibility, n, min_priority, None)
+
+    def _claim_many(
+        self, worker_id: str, visibility: float, n: int, min_priority: int, within: float | None
+    ) -> list[Lease]:
         plan = self._core.claim(worker_id, visibility, n, min_priority)
-        if self._idle.get(min_priority) and not self._worth_claiming(min_priority):
+        if self._idle.get(min_priority) and not self._worth_claiming(min_priority, within):
             return []
-        result = self._claimed(self._run(plan), worker_id, visibility, min_priority)
+        result = self._claimed(self._run(plan, within), worker_id, visibility, min_priority, within)
         self._idle[min_priority] = not result.leases
         return result.leases
 
     def _claimed(
-        self, result: Round, worker_id: str | None, visibility: float, min_priority: int
+        self,
+        result: Round,
+        worker_id: str | None,
+        visibility: float,
+        min_priority: int,
+        within: float | None = None,
     ) -> Round:
         """Leases taken on messages whose ttl had passed are never handed out: they are
         dead-lettered (reason `expired`), and as many leases claimed again in the same round
@@ -265,15 +276,15 @@ class Transport:
                 expired=expired,
             )
             try:
-                more = self._run(plan)
+                more = self._run(plan, within)
             except Unavailable:
                 break
             leases += more.leases
             expired = more.expired
         return Round(leases=leases, lost=result.lost, extended=result.extended)
 
-    def _worth_claiming(self, min_priority: int) -> bool:
-        probe = self.probe(min_priority)
+    def _worth_claiming(self, min_priority: int, within: float | None = None) -> bool:
+        probe = self._run(self._core.probe(min_priority), within)
         return probe.claimable or (probe.next_due is not None and probe.next_due <= self.clock())
 
     def probe(self, min_priority: int = 0) -> Probe:
@@ -299,6 +310,23 @@ class Transport:
         `(lease, reason)`, holding their groups with `hold_dead`) and claim up to `n` new
         leases, in one round trip and one transaction. Leases that no longer held are listed
         in `Round.lost` (they changed nothing); nothing is raised for them."""
+        return self._settle_and_claim(
+            worker_id, visibility, n, ack, nack, extend, dead, hold_dead, min_priority, None
+        )
+
+    def _settle_and_claim(
+        self,
+        worker_id: str | None,
+        visibility: float,
+        n: int,
+        ack: Sequence[Lease],
+        nack: Sequence[tuple[Lease, float]],
+        extend: Sequence[Lease],
+        dead: Sequence[tuple[Lease, str]],
+        hold_dead: bool,
+        min_priority: int,
+        within: float | None,
+    ) -> Round:
         plan = self._core.round(
             worker_id=worker_id,
             visibility=visibility,
@@ -310,7 +338,7 @@ class Transport:
             dead=dead,
             hold_dead=hold_dead,
         )
-        return self._claimed(self._run(plan), worker_id, visibility, min_priority)
+        return self._claimed(self._run(plan, within), worker_id, visibility, min_priority, within)
 
     def ack_many(self, leases: Sequence[Lease]) -> None:
         """Ack several leases in one round trip. Those that still hold are acked; if any did

@@ -24,6 +24,7 @@ from ..core import Round
 from ..errors import (
     AuthError,
     InvalidArgument,
+    PartialRound,
     QueueError,
     SchemaError,
     TransportClosed,
@@ -276,6 +277,8 @@ class Worker:
                     hold_dead=self.hold_group_on_dead_letter,
                     min_priority=floor,
                 )
+            except PartialRound as partial:  # a shard did not answer: the rest was applied
+                result = partial.round
             except PERMANENT as exc:
                 log.error("worker %s: stopping: %s", self.worker_id, exc)
                 raise

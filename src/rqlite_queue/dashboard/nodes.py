@@ -5,10 +5,12 @@ asked of the first node that answers) and each node's `/status`."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .._async.sharded import AsyncShardedTransport
 from .._async.transport import AsyncRqliteTransport, AsyncTransport
 from ..http_async import AiohttpClient
 
@@ -48,7 +50,17 @@ def applied_index(status: Any) -> int | None:
 
 
 async def cluster_nodes(transport: AsyncTransport) -> list[NodeView]:
-    """Empty for the embedded SQLite backend."""
+    """Empty for the embedded SQLite backend. A sharded queue's nodes are each shard's, named
+    `shard/node`."""
+    if isinstance(transport, AsyncShardedTransport):
+        per_shard = await asyncio.gather(
+            *(cluster_nodes(transport.shard(name)) for name in transport.names)
+        )
+        return [
+            dataclasses.replace(node, node_id=f"{name}/{node.node_id}")
+            for name, nodes in zip(transport.names, per_shard, strict=True)
+            for node in nodes
+        ]
     if not isinstance(transport, AsyncRqliteTransport):
         return []
     client = transport.client
