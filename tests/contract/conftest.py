@@ -25,8 +25,17 @@ from rqlite_queue import (
 )
 from rqlite_queue.testing import Cluster
 
-BACKENDS = ["sqlite", "rqlite1", "rqlite3", "rqlite3-follower", "rqlite-sharded2"]
-"""`rqlite-sharded2`: one queue over two 1-node clusters (a ShardedTransport)."""
+BACKENDS: list[Any] = [
+    "sqlite",
+    "rqlite1",
+    "rqlite3",
+    "rqlite3-follower",
+    "rqlite-sharded2",
+    pytest.param("rqlite-sharded2x3", marks=pytest.mark.slow),
+]
+"""`rqlite-sharded2`: one queue over two 1-node clusters (a ShardedTransport);
+`rqlite-sharded2x3`, in the slow tier (`pytest -m slow tests/contract`): over two 3-node
+clusters."""
 FLAVOURS = ["sync", "async"]
 _names = itertools.count()
 
@@ -82,7 +91,18 @@ def second_cluster(rqlited_path: str) -> Any:
         yield cluster
 
 
+@pytest.fixture(scope="session")
+def second_cluster3(rqlited_path: str) -> Any:
+    """Another 3-node cluster: the second shard of `rqlite-sharded2x3`."""
+    with Cluster(3, binary=rqlited_path) as cluster:
+        yield cluster
+
+
 def backend_url(backend: str, request: pytest.FixtureRequest, tmp_path: Any) -> str:
+    if backend == "rqlite-sharded2x3":
+        first: Cluster = request.getfixturevalue("rqlite_cluster3")
+        second: Cluster = request.getfixturevalue("second_cluster3")
+        return f"a={first.url};b={second.url}"
     if backend == "rqlite-sharded2":
         first: Cluster = request.getfixturevalue("rqlite_cluster")
         second: Cluster = request.getfixturevalue("second_cluster")

@@ -170,3 +170,11 @@ def test_lost_settlements_come_back_in_the_order_given() -> None:
     assert in_given_order(given, [[l0], [l1, l2]]) == [l1, l0, l2]
     assert in_given_order(given, [[l1, l2], [l0, l0]]) == [l0, l1, l0, l2]
     assert in_given_order(given, []) == []
+
+
+@pytest.mark.parametrize("bad", [0, -1, "2", True, float("nan")])
+def test_a_bad_claim_deadline_is_refused(bad: object, tmp_path: object) -> None:
+    from rqlite_queue import ShardedTransport
+
+    with pytest.raises(InvalidArgument, match="claim_deadline"):
+        ShardedTransport(f"a=sqlite:///{tmp_path}/a.db", claim_deadline=bad)  # type: ignore[arg-type]

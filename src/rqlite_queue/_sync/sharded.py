@@ -116,6 +116,15 @@ class ShardedTransport(Transport):
     ) -> None:
         core = QueueCore(queue=queue, codec=codec, clock=clock, token=_token, chance=random.random)
         super().__init__(_Routed(), core, deadline=deadline)
+        if (
+            isinstance(claim_deadline, bool)
+            or not isinstance(claim_deadline, int | float)
+            or not claim_deadline > 0
+        ):
+            raise InvalidArgument(
+                f"claim_deadline must be a number of seconds > 0, got {claim_deadline!r}"
+            )
+        self.claim_deadline = min(self.deadline, float(claim_deadline))
         self._dedup_key = dedup_key
         self._shards: dict[str, Transport] = {}
         specs: list[ShardSpec] = []
@@ -158,7 +167,6 @@ class ShardedTransport(Transport):
         self.claim_health = Health()
         """Shards whose claim round did not answer within `claim_deadline`: claims skip them
         (publishes still try them) until the background probe finds them answering."""
-        self.claim_deadline = min(float(deadline), claim_deadline)
         self._fan = FanOut(len(self._shards))
         self._turn = 0
         self._next_release_sweep = 0.0
