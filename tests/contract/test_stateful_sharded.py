@@ -17,6 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from rqlite_queue import Lease, ShardedTransport
 from rqlite_queue.sharding import home
 from rqlite_queue.testing import Cluster
@@ -217,3 +219,10 @@ def test_the_contract_holds_on_two_rqlite_shards(
     rqlite_cluster: Cluster, second_cluster: Cluster
 ) -> None:
     run(on_shards(lambda: (rqlite_cluster.url, second_cluster.url)), examples=15, steps=25)
+
+
+@pytest.mark.slow
+def test_the_contract_holds_on_two_3_node_shards(
+    rqlite_cluster3: Cluster, second_cluster3: Cluster
+) -> None:
+    run(on_shards(lambda: (rqlite_cluster3.url, second_cluster3.url)), examples=15, steps=25)
