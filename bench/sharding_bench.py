@@ -25,7 +25,7 @@ import statistics
 import time
 from pathlib import Path
 
-from rqlite_queue import AsyncShardedTransport, AsyncWorker, Lease
+from rqlite_queue import AsyncShardedTransport, AsyncWorker, Lease, Transport
 from rqlite_queue.rqlited import find_rqlited
 from rqlite_queue.testing import Cluster
 
@@ -75,6 +75,19 @@ async def drain(
     }
 
 
+PUBLISHES = 500
+
+
+def publish_rate(url: str, queue: str) -> float:
+    """Single publishes per second, one after another, through `from_url(url)`."""
+    with Transport.from_url(url, queue=queue) as q:
+        q.publish("warm-up", 0)
+        started = time.perf_counter()
+        for i in range(PUBLISHES):
+            q.publish(f"g{i % 50}", i)
+        return PUBLISHES / (time.perf_counter() - started)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=20_000)
@@ -87,6 +100,10 @@ def main() -> int:
     try:
         for c in clusters:
             c.start()
+        plain, sharded = [], []
+        for r in range(args.repeat):  # a publish's cost: one cluster, and as a 1-shard list
+            plain.append(publish_rate(clusters[0].url, f"pub_plain_{r}"))
+            sharded.append(publish_rate(f"s0={clusters[0].url}", f"pub_sharded_{r}"))
         for r in range(args.repeat):
             for k in (1, 2, 3):  # interleaved: the machine's drift hits every K alike
                 url = ";".join(f"s{i}={clusters[i].url}" for i in range(k))
@@ -124,6 +141,20 @@ def main() -> int:
             f"{med(k, 'cpu_ms'):.3f} ms | {med(k, 'leader_cpu_ms'):.3f} ms | "
             f"{med(k, 'max_leader_cpu_ms_share'):.3f} ms | {med(k, 'client_cpu_ms'):.3f} ms |"
         )
+    lines += [
+        "",
+        "## A publish through a shard list",
+        "",
+        "Every publish of a sharded client carries its shard list's epoch (one more "
+        "statement in its transaction, see docs/sharding.md). Single publishes one after "
+        f"another ({PUBLISHES} per run, the same cluster, interleaved runs):",
+        "",
+        "| client | publishes/s (median) | vs plain |",
+        "|---|---|---|",
+        f"| plain URL of the cluster | {statistics.median(plain):,.0f} | 1.00x |",
+        f"| a one-shard list (`s0=URL`) | {statistics.median(sharded):,.0f} | "
+        f"{statistics.median(sharded) / statistics.median(plain):.2f}x |",
+    ]
     per_leader = med(1, "leader_cpu_ms")
     busiest = {k: med(k, "max_leader_cpu_ms_share") for k in (1, 2, 3)}
     worst = max(busiest.values())

@@ -1195,19 +1195,16 @@ WAITING = 2
 
 
 def epoch_guards(n: Names, *, epoch: int) -> list[Statement]:
-    """Statements to put first in a sharded client's publish batch (see above)."""
+    """The statement to put first in a sharded client's publish batch (see above): it raises
+    the stored epoch to this client's, or, if the stored one is higher, sets it to NULL, which
+    NOT NULL refuses, failing the transaction."""
     return [
         Statement(
             f"INSERT INTO {n.meta} (key, value) VALUES ('shard_epoch', :e) "
-            f'ON CONFLICT ("key") DO UPDATE SET value = excluded.value '
-            f"WHERE value < excluded.value",
+            f'ON CONFLICT ("key") DO UPDATE SET value = CASE WHEN value > excluded.value '
+            f"THEN NULL ELSE excluded.value END",
             {"e": epoch},
-        ),
-        Statement(
-            f"INSERT INTO {n.meta} (key, value) SELECT 'stale_shard_list', NULL "
-            f"WHERE EXISTS (SELECT 1 FROM {n.meta} WHERE \"key\" = 'shard_epoch' AND value > :e)",
-            {"e": epoch},
-        ),
+        )
     ]
 
 
