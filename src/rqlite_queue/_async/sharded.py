@@ -389,6 +389,7 @@ class AsyncShardedTransport(AsyncTransport):
         that moves is published on its new shard, held there while its old shard still has
         its messages (one request to the old shard first)."""
         self._check_open()
+        check_id(group_id, "group_id")  # before it is hashed to find its shard
         item = {
             "group_id": group_id,
             "event": event,
@@ -403,17 +404,19 @@ class AsyncShardedTransport(AsyncTransport):
     async def _publish_items(self, items: list[dict[str, Any]]) -> list[int]:
         """Publish checked items: per target shard, atomically; the moving groups that still
         have messages on their old shard held on the new one until those are delivered."""
-        self._core.publish_many(items)  # every item checked before anything is sent
-        waiting = await self._still_on_old_shards({item["group_id"] for item in items})
         parts = split_by_shard(items, lambda group: self.shard_list.placement(group)[0])
+        plans = {  # every part checked (and encoded, once) before anything is sent
+            name: self._shards[name]._core.publish_many([items[i] for i in indexes])
+            for name, indexes in parts.items()
+        }
         for name in parts:
             self._check_up(name)
+        waiting = await self._still_on_old_shards({item["group_id"] for item in items})
 
         async def part(name: str, shard: AsyncTransport) -> list[int]:
-            mine = [items[i] for i in parts[name]]
-            held = sorted({item["group_id"] for item in mine} & waiting)
+            held = sorted({items[i]["group_id"] for i in parts[name]} & waiting)
             extra = [sql.wait_for_old_shard(shard._core.names, held)] if held else []
-            plan = _guarded(shard._core.publish_many(mine), shard, self.shard_list.epoch, extra)
+            plan = _guarded(plans[name], shard, self.shard_list.epoch, extra)
             try:
                 return await shard._run(plan)
             except BackendError as exc:
