@@ -112,11 +112,6 @@ def is_sharded_url(url: str) -> bool:
     return all(_SHARD_PART.match(part) for part in parts if part.strip())
 
 
-def parse_shards(url: str) -> list[ShardSpec]:
-    """The shards of a shard list (see `parse_shard_list`)."""
-    return list(parse_shard_list(url).specs)
-
-
 def parse_shard_list(url: str) -> ShardList:
     """`epoch=2;a=http://h1:4001,http://h2:4001;b=http://h3:4001;+c=http://h4:4001`: clusters
     separated by `;`, each optionally named `name=`, marked `+` (joining) or `-` (draining)

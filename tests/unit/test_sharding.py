@@ -16,7 +16,7 @@ from rqlite_queue.sharding import (
     is_sharded_url,
     merge_probes,
     merge_stats,
-    parse_shards,
+    parse_shard_list,
     ranking,
     rotation,
     scoped_dedup_id,
@@ -56,6 +56,10 @@ def test_ranking_starts_with_the_home() -> None:
     for group in GROUPS[:100]:
         order = ranking(group, ["a", "b", "c"])
         assert order[0] == home(group, ["a", "b", "c"]) and sorted(order) == ["a", "b", "c"]
+
+
+def parse_shards(url: str) -> list[ShardSpec]:
+    return list(parse_shard_list(url).specs)
 
 
 def test_parse_named_and_unnamed_shards() -> None:
@@ -141,7 +145,7 @@ def test_a_down_shard_is_retried_with_a_growing_wait() -> None:
 
 
 def test_a_change_of_the_list_is_marked_with_an_epoch() -> None:
-    from rqlite_queue.sharding import DRAINING, JOINING, parse_shard_list
+    from rqlite_queue.sharding import DRAINING, JOINING
 
     adding = parse_shard_list("epoch=3;a=http://h:1;b=http://h:2;+c=http://h:3")
     assert adding.epoch == 3 and adding.changing

@@ -316,12 +316,17 @@ class AsyncShardedTransport(AsyncTransport):
         return out
 
     async def _everywhere(
-        self, call: Callable[[str, AsyncTransport], Awaitable[T]], what: str
+        self,
+        call: Callable[[str, AsyncTransport], Awaitable[T]],
+        what: str,
+        names: Sequence[str] | None = None,
     ) -> dict[str, T]:
-        """Run `call` on every shard; Unavailable (naming them) if some did not answer."""
-        results = await self._on_many(self._live(), call)
+        """Run `call` on every shard (or on `names`) that is not down; Unavailable, naming
+        them, if some did not answer."""
+        targets = self.names if names is None else names
+        results = await self._on_many([n for n in targets if not self.health.is_down(n)], call)
         answered = {n: r for n, r in results.items() if not isinstance(r, BaseException)}
-        missing = [n for n in self.names if n not in answered]
+        missing = [n for n in targets if n not in answered]
         if missing:
             raise Unavailable(f"{what}: shard(s) {', '.join(missing)} did not answer")
         return answered
@@ -487,13 +492,11 @@ class AsyncShardedTransport(AsyncTransport):
         none left there, its new shard may serve it."""
         if not self.shard_list.changing:
             return
-        groups = {
-            lease.group_id
-            for lease in leases
-            if lease.shard
-            and lease.shard == self.shard_list.placement(lease.group_id)[1]
-            and self.shard_list.placement(lease.group_id)[0] != lease.shard
-        }
+        groups = set()
+        for lease in leases:  # a lease from the old shard of a group that moves
+            target, previous = self.shard_list.placement(lease.group_id)
+            if lease.shard and lease.shard == previous != target:
+                groups.add(lease.group_id)
         if groups:
             await self._release_if_gone(groups)
 
@@ -782,9 +785,11 @@ class AsyncShardedTransport(AsyncTransport):
         check_id(name, "name")
         target = self.shard_of(group_id)
         others = [n for n in self.names if n != target]
+        for other in others:  # none down, or nothing is changed
+            self._check_up(other)
         if others:
-            await self._everywhere_of(
-                others, lambda _, shard: shard.unschedule(name), f"schedule {name!r}"
+            await self._everywhere(
+                lambda _, shard: shard.unschedule(name), f"schedule {name!r}", others
             )
         return await self._on(
             target,
@@ -799,17 +804,6 @@ class AsyncShardedTransport(AsyncTransport):
                 start_at=start_at,
             ),
         )
-
-    async def _everywhere_of(
-        self, names: Sequence[str], call: Callable[[str, AsyncTransport], Awaitable[T]], what: str
-    ) -> dict[str, T]:
-        for name in names:
-            self._check_up(name)
-        results = await self._on_many(names, call)
-        failed = [n for n, r in results.items() if isinstance(r, BaseException)]
-        if failed:
-            raise Unavailable(f"{what}: shard(s) {', '.join(failed)} did not answer")
-        return {n: r for n, r in results.items() if not isinstance(r, BaseException)}
 
     async def unschedule(self, name: str) -> bool:
         self._check_open()

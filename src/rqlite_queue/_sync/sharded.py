@@ -314,11 +314,18 @@ class ShardedTransport(Transport):
             out[name] = result
         return out
 
-    def _everywhere(self, call: Callable[[str, Transport], Same[T]], what: str) -> dict[str, T]:
-        """Run `call` on every shard; Unavailable (naming them) if some did not answer."""
-        results = self._on_many(self._live(), call)
+    def _everywhere(
+        self,
+        call: Callable[[str, Transport], Same[T]],
+        what: str,
+        names: Sequence[str] | None = None,
+    ) -> dict[str, T]:
+        """Run `call` on every shard (or on `names`) that is not down; Unavailable, naming
+        them, if some did not answer."""
+        targets = self.names if names is None else names
+        results = self._on_many([n for n in targets if not self.health.is_down(n)], call)
         answered = {n: r for n, r in results.items() if not isinstance(r, BaseException)}
-        missing = [n for n in self.names if n not in answered]
+        missing = [n for n in targets if n not in answered]
         if missing:
             raise Unavailable(f"{what}: shard(s) {', '.join(missing)} did not answer")
         return answered
@@ -484,13 +491,11 @@ class ShardedTransport(Transport):
         none left there, its new shard may serve it."""
         if not self.shard_list.changing:
             return
-        groups = {
-            lease.group_id
-            for lease in leases
-            if lease.shard
-            and lease.shard == self.shard_list.placement(lease.group_id)[1]
-            and self.shard_list.placement(lease.group_id)[0] != lease.shard
-        }
+        groups = set()
+        for lease in leases:  # a lease from the old shard of a group that moves
+            target, previous = self.shard_list.placement(lease.group_id)
+            if lease.shard and lease.shard == previous != target:
+                groups.add(lease.group_id)
         if groups:
             self._release_if_gone(groups)
 
@@ -779,10 +784,10 @@ class ShardedTransport(Transport):
         check_id(name, "name")
         target = self.shard_of(group_id)
         others = [n for n in self.names if n != target]
+        for other in others:  # none down, or nothing is changed
+            self._check_up(other)
         if others:
-            self._everywhere_of(
-                others, lambda _, shard: shard.unschedule(name), f"schedule {name!r}"
-            )
+            self._everywhere(lambda _, shard: shard.unschedule(name), f"schedule {name!r}", others)
         return self._on(
             target,
             lambda shard: shard.schedule(
@@ -796,17 +801,6 @@ class ShardedTransport(Transport):
                 start_at=start_at,
             ),
         )
-
-    def _everywhere_of(
-        self, names: Sequence[str], call: Callable[[str, Transport], Same[T]], what: str
-    ) -> dict[str, T]:
-        for name in names:
-            self._check_up(name)
-        results = self._on_many(names, call)
-        failed = [n for n, r in results.items() if isinstance(r, BaseException)]
-        if failed:
-            raise Unavailable(f"{what}: shard(s) {', '.join(failed)} did not answer")
-        return {n: r for n, r in results.items() if not isinstance(r, BaseException)}
 
     def unschedule(self, name: str) -> bool:
         self._check_open()
