@@ -55,7 +55,7 @@ test-install: setup
 test: setup lint typecheck docs unit test-install
 
 demo: setup
-	RQLITED="$(RQLITED_PATH)" $(BIN)/python -m rqlite_queue.demo $(DEMO_ARGS)
+	RQLITED="$(RQLITED_PATH)" $(BIN)/rqlite-queue demo $(DEMO_ARGS)
 
 BENCH_STAMP := $(VENV)/.bench-installed
 

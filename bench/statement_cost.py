@@ -44,8 +44,8 @@ from systems import (
 from workloads import QUEUE, make_core
 
 from rqlite_queue import Lease
-from rqlite_queue.rqlite_http import request_for
-from rqlite_queue.sql import Batch, Statement
+from rqlite_queue._protocol.http import request_for
+from rqlite_queue._protocol.sql import Batch, Statement
 from rqlite_queue.testing import Cluster
 
 RESULTS = Path(__file__).resolve().parent / "results" / "statement_cost.md"

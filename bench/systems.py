@@ -24,12 +24,12 @@ import httpx
 import seed_transport as seed
 import urllib3
 
-from rqlite_queue import sql as qsql
+from rqlite_queue._protocol import sql as qsql
 
 SEED_TABLES = ("messages", "groups")
 WRITE_PATH = "/db/request?transaction"
 HEADERS = {"Content-Type": "application/json"}
-POOL_SIZE = 32  # as the library's (rqlite_queue.http_sync.POOL_SIZE)
+POOL_SIZE = 32  # as the library's (rqlite_queue._io.urllib3_client.POOL_SIZE)
 _CLK_TCK = float(os.sysconf("SC_CLK_TCK"))
 
 

@@ -56,9 +56,9 @@ from systems import (
 )
 
 from rqlite_queue import AsyncTransport, Transport
-from rqlite_queue.core import QueueCore
-from rqlite_queue.rqlite_http import parse_reply, request_for
-from rqlite_queue.sql import Reply
+from rqlite_queue._protocol.core import QueueCore
+from rqlite_queue._protocol.http import parse_reply, request_for
+from rqlite_queue._protocol.sql import Reply
 
 QUEUE = "bench"
 

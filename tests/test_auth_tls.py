@@ -9,7 +9,8 @@ from collections.abc import Iterator
 import pytest
 import trustme
 
-from rqlite_queue import AuthError, RqliteTransport, Transport, Unavailable
+from rqlite_queue import RqliteTransport, Transport, Unavailable
+from rqlite_queue.errors import AuthError
 from rqlite_queue.testing import Cluster
 
 

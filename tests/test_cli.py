@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from rqlite_queue import LeaseLost, Transport
-from rqlite_queue.sql import Batch, Statement
+from rqlite_queue._protocol.sql import Batch, Statement
 from rqlite_queue.testing import Cluster, free_port
 
 BIN = Path(sys.executable).parent
@@ -468,7 +468,7 @@ def test_a_worker_stops_with_status_1_on_an_error_no_retry_can_mend(
     sqlite_target: Target, tmp_path: Path
 ) -> None:
     with sqlite_target.transport() as queue:
-        queue._executor.execute(  # a newer library's schema
+        queue.router.backend.executor.execute(  # a newer library's schema
             Batch(
                 (
                     Statement(

@@ -11,7 +11,8 @@ from collections.abc import Callable
 
 import pytest
 
-from rqlite_queue import ClockSkew, RqliteTransport
+from rqlite_queue import RqliteTransport
+from rqlite_queue.errors import ClockSkew
 from rqlite_queue.testing import Cluster
 
 
@@ -55,7 +56,7 @@ def test_a_publisher_whose_clock_runs_ahead_does_not_forget_the_others_dedup_ids
     honest = RqliteTransport(rqlite_cluster3.url, queue=queue)
     ahead = RqliteTransport(rqlite_cluster3.url, clock=skewed(400), queue=queue)
     first = honest.publish("g", "pay order 42", dedup_id="order-42/pay")
-    ahead._core.chance = lambda: 0.0  # this publish prunes expired dedup ids
+    ahead.router.backend.core.chance = lambda: 0.0  # this publish prunes expired dedup ids
     ahead.publish("h", "other", dedup_id="order-7/pay")
     # The honest client's reply was lost, say: it publishes again, within its window.
     assert honest.publish("g", "pay order 42", dedup_id="order-42/pay") == first

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from rqlite_queue import NoLeader, OutcomeUnknown, RqliteTransport, Unavailable
+from rqlite_queue import OutcomeUnknown, RqliteTransport, Unavailable
+from rqlite_queue.errors import NoLeader
 from rqlite_queue.testing import Cluster
 
 DEADLINE = 3.0

@@ -1,4 +1,4 @@
-"""The main job (`python -m rqlite_queue.demo`) run as users run it: a subprocess, on the
+"""The main job (`rqlite-queue demo`) run as users run it: a subprocess, on the
 embedded SQLite and on a real local rqlite cluster, which it must never leave running."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-DEMO = [sys.executable, "-m", "rqlite_queue.demo"]
+DEMO = [sys.executable, "-m", "rqlite_queue", "demo"]
 
 
 def rqlited_pids() -> set[int]:

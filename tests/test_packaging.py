@@ -49,7 +49,7 @@ def test_the_sdist_holds_source_tests_and_docs_but_no_bench_results(tmp_path: Pa
     built = Path(next(iter(builder.build(directory=str(tmp_path), versions=["standard"]))))
     with tarfile.open(built) as sdist:
         names = [name.split("/", 1)[1] for name in sdist.getnames() if "/" in name]
-    assert "src/rqlite_queue/core.py" in names
+    assert "src/rqlite_queue/_protocol/core.py" in names
     assert "src/rqlite_queue/dashboard/static/htmx.min.js" in names
     assert "tests/test_packaging.py" in names and "docs/contract.md" in names
     assert not [name for name in names if name.startswith(("bench/results/", "site/"))]
@@ -61,10 +61,10 @@ import atexit, threading
 import logging, aiohttp, click, cronsim, httpx, pytest, rich, urllib3  # their own hooks first
 hooks, threads = atexit._ncallbacks(), threading.active_count()
 import rqlite_queue, rqlite_queue.testing, rqlite_queue.testing.plugin, rqlite_queue.cli
-import rqlite_queue.rqlited, rqlite_queue.demo
+import rqlite_queue.rqlited, rqlite_queue.cli.demo
 assert atexit._ncallbacks() == hooks, "an import registered an atexit hook"
 assert threading.active_count() == threads, "an import started a thread"
-from rqlite_queue.testing import cluster
+from rqlite_queue import local_cluster as cluster
 assert not cluster._exit_hook_registered and not cluster.live_pids()
 print("ok")
 """

@@ -15,10 +15,10 @@ from typing import Any
 import httpx
 import pytest
 
-from rqlite_queue import sql
-from rqlite_queue.http_sync import Urllib3Client
-from rqlite_queue.rqlite_http import parse_endpoints, parse_reply, request_for
-from rqlite_queue.sqlite_backend import SqliteExecutor
+from rqlite_queue._io.sqlite import SqliteExecutor
+from rqlite_queue._io.urllib3_client import Urllib3Client
+from rqlite_queue._protocol import sql
+from rqlite_queue._protocol.http import parse_endpoints, parse_reply, request_for
 from rqlite_queue.testing import Cluster
 
 BACKLOG = 20_000

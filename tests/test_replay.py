@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from rqlite_queue import OutcomeUnknown, RqliteTransport, SqliteTransport, Transport
-from rqlite_queue.sql import Batch, Result
+from rqlite_queue._protocol.sql import Batch, Result
 from rqlite_queue.testing import Cluster
 
 
@@ -48,8 +48,8 @@ def q(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
         cluster: Cluster = request.getfixturevalue("rqlite_cluster3")
         transport = RqliteTransport(cluster.url, queue=queue)
     transport.setup()
-    lossy = LoseReplies(transport._executor)
-    transport._executor = lossy
+    lossy = LoseReplies(transport.router.backend.executor)
+    transport.router.backend.executor = lossy
     transport.lossy = lossy  # type: ignore[attr-defined]
     yield transport
     transport.close()

@@ -7,8 +7,9 @@ import json
 
 import pytest
 
-from rqlite_queue import AuthError, BackendError, NoLeader, OutcomeUnknown
-from rqlite_queue.rqlite_http import parse_reply, redact
+from rqlite_queue import OutcomeUnknown
+from rqlite_queue._protocol.http import parse_reply, redact
+from rqlite_queue.errors import AuthError, BackendError, NoLeader
 
 
 def reply(body: object, status: int = 200, statements: int = 1) -> object:

@@ -29,7 +29,7 @@ from rqlite_queue import (
     Transport,
     Unavailable,
 )
-from rqlite_queue.rqlite_http import Endpoints, parse_endpoints, redact
+from rqlite_queue._protocol.http import Endpoints, parse_endpoints, redact
 from rqlite_queue.testing import free_port
 
 USER = "alice"

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from rqlite_queue import InvalidArgument, ShardedTransport, StaleShardList
+from rqlite_queue import InvalidArgument, ShardedTransport
+from rqlite_queue.errors import StaleShardList
 from rqlite_queue.testing import Cluster
 
 GROUPS = [f"wf{i}" for i in range(40)]

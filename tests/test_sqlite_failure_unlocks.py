@@ -25,17 +25,12 @@ from typing import Any
 
 import pytest
 
-from rqlite_queue import (
-    AsyncSqliteTransport,
-    BackendError,
-    InvalidArgument,
-    JsonCodec,
-    SqliteTransport,
-    Stats,
-    Unavailable,
-)
-from rqlite_queue import sql as sql_module
-from rqlite_queue.sql import Batch, Statement
+from rqlite_queue import AsyncSqliteTransport, InvalidArgument, SqliteTransport, Unavailable
+from rqlite_queue._protocol import sql as sql_module
+from rqlite_queue._protocol.sql import Batch, Statement
+from rqlite_queue.codec import JsonCodec
+from rqlite_queue.errors import BackendError
+from rqlite_queue.types import Stats
 
 QUEUE = "locks"
 BUSY_TIMEOUT = 0.2

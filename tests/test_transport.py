@@ -16,16 +16,16 @@ import pytest
 from rqlite_queue import (
     AsyncRqliteTransport,
     AsyncTransport,
-    BackendError,
     InvalidArgument,
     RqliteTransport,
-    SchemaError,
     SqliteTransport,
     Transport,
     Unavailable,
 )
-from rqlite_queue.rqlite_http import parse_endpoints
-from rqlite_queue.sql import Batch, Statement
+from rqlite_queue._protocol.http import parse_endpoints
+from rqlite_queue._protocol.params import RoundSpec
+from rqlite_queue._protocol.sql import Batch, Statement
+from rqlite_queue.errors import BackendError, SchemaError
 from rqlite_queue.testing import Cluster, Node, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -87,7 +87,9 @@ def test_rqlite_keeps_the_rows_of_the_claims_returning_form(rqlite_cluster3: Clu
     url = rqlite_cluster3.followers()[0].http_url
     q = RqliteTransport(url, queue=fresh_queue())
     q.publish_many([("a", 1), ("b", 2), ("a", 3)])
-    assert q._core.claim("w", 30, 1, 0).batch.returning  # the form under test
+    core = q.router.backend.core
+    spec = RoundSpec(worker_id="w", visibility=30, n=1)
+    assert core.round(core.check_round(spec)).batch.returning  # the form under test
     first = q.settle_and_claim("w", 30, 1)
     assert [(lease.group_id, lease.event, lease.attempts) for lease in first.leases] == [
         ("a", 1, 1)
@@ -121,7 +123,7 @@ def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
     path = str(tmp_path / "q.db")
     q = SqliteTransport(path, queue="v")
     q.setup()
-    q._executor.execute(  # what a future version of the library would have written
+    q.router.backend.executor.execute(  # what a future version of the library would have written
         Batch((Statement("UPDATE rq_v_meta SET value = 99 WHERE key = 'schema_version'"),)),
         time.monotonic() + 10,
     )

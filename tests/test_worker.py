@@ -16,16 +16,9 @@ from typing import Any
 
 import pytest
 
-from rqlite_queue import (
-    AsyncTransport,
-    InvalidArgument,
-    Lease,
-    SchemaError,
-    SqliteTransport,
-    Transport,
-    TransportClosed,
-)
-from rqlite_queue.sql import Batch, Statement
+from rqlite_queue import AsyncTransport, InvalidArgument, Lease, SqliteTransport, Transport
+from rqlite_queue._protocol.sql import Batch, Statement
+from rqlite_queue.errors import SchemaError, TransportClosed
 from rqlite_queue.testing import Cluster
 from rqlite_queue.worker import AsyncWorker, Backoff, Park, Worker
 
@@ -324,7 +317,7 @@ def test_until_empty_returns_once_the_queue_is_drained(url: str, queue: str) -> 
 def test_permanent_errors_stop_the_worker(tmp_path: Path) -> None:
     path = f"{tmp_path}/q.db"
     q = Transport.from_url(f"sqlite:///{path}", queue="newer")
-    q._executor.execute(  # what a future version of the library would have written
+    q.router.backend.executor.execute(  # what a future version of the library would have written
         Batch((Statement("UPDATE rq_newer_meta SET value = 99 WHERE key = 'schema_version'"),)),
         time.monotonic() + 10,
     )

@@ -1,7 +1,7 @@
 """The few primitives where threads and asyncio really differ: running handlers concurrently on
 reused threads or tasks, an interruptible wait, signals, calls to several shards at once. The
-worker loop and the sharded transport are written once (in `_async/`, with `_sync/` generated
-from it) on top of these."""
+worker loop and the shard router are written once (in `_async/`, with `_sync/` generated from
+it) on top of these."""
 
 from __future__ import annotations
 

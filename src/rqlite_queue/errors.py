@@ -1,4 +1,12 @@
-"""The queue's errors: one small hierarchy, so callers can catch as broadly as they like."""
+"""The queue's errors: one small hierarchy, so callers can catch as broadly as they like. Each
+says whether the call applied, and so what to do next:
+
+- not applied, fix the input: `InvalidArgument` (`PayloadTooLarge`, `EncodeError`);
+- not applied, retry later: `Unavailable` (`NoLeader`, `ShardDown`);
+- may have applied: `OutcomeUnknown` (retry only what is safe to repeat);
+- partly applied: `PartialRound` (resend what it lists);
+- not applied, and retrying cannot help: `LeaseLost` (drop the result), `StaleShardList`,
+  `ClockSkew`, `AuthError`, `SchemaError`, `TransportClosed`, `BackendError`, `DecodeError`."""
 
 from __future__ import annotations
 
@@ -6,7 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .lease import Lease
+    from .types import Lease
 
 
 class QueueError(Exception):
@@ -14,25 +22,29 @@ class QueueError(Exception):
 
 
 class InvalidArgument(QueueError, ValueError):
-    """Bad input: nothing was written."""
+    """Bad input: nothing was written. Fix the call. `index`: for a `publish_many` item, its
+    position in the list (None otherwise)."""
+
+    index: int | None = None
 
 
 class PayloadTooLarge(InvalidArgument):
-    """The encoded payload is over the transport's `max_payload_bytes`."""
+    """The encoded payload is over the transport's `max_payload_bytes`: nothing was written."""
 
 
 class EncodeError(InvalidArgument):
-    """The codec cannot encode this payload."""
+    """The codec cannot encode this payload: nothing was written."""
 
 
 class DecodeError(QueueError):
-    """A stored payload cannot be decoded by this transport's codec."""
+    """A stored payload cannot be decoded by this transport's codec (a codec that changed, or
+    a message written by another program): use the codec that wrote it."""
 
 
 class LeaseLost(QueueError):
     """The lease no longer holds its group (it lapsed and another worker claimed the group,
     or it was already acked, nacked or dead-lettered, or an operator cancelled its group):
-    nothing was changed."""
+    nothing was changed. Drop the result: the message is (or will be) another holder's."""
 
     def __init__(self, message: str, leases: Sequence[Lease] = ()) -> None:
         super().__init__(message)
@@ -40,50 +52,56 @@ class LeaseLost(QueueError):
 
 
 class BackendError(QueueError):
-    """The backend answered, but not as expected (an SQL error, a reply of the wrong shape)."""
+    """The backend answered, but not as expected (an SQL error, a reply of the wrong shape):
+    nothing was applied (a failed statement rolls its transaction back). A bug, or a damaged
+    database: not worth retrying as it is."""
 
 
 class Unavailable(QueueError):
-    """The operation was not applied: no node could be reached, or none could commit, within
-    the deadline. Safe to retry."""
+    """Not applied: no node could be reached, or none could commit, within the deadline.
+    Safe to retry later."""
 
 
 class NoLeader(Unavailable):
-    """rqlite is up but has no leader (election under way, or no quorum): not applied."""
+    """rqlite is up but has no leader (election under way, or no quorum): not applied; retry
+    later."""
 
 
 class ShardDown(Unavailable):
-    """Refused at once by a sharded transport: the group's shard did not answer a moment ago
-    and is being probed in the background (the other shards' groups are unaffected)."""
+    """Refused at once by a sharded queue: the group's shard did not answer a moment ago and
+    is being probed in the background (the other shards' groups are unaffected). Not
+    applied; retry once the shard answers."""
 
 
-class PartialRound(Unavailable):
-    """A sharded `settle_and_claim` whose settlements on some shard were not applied (the
-    shard did not answer): `round` is what the other shards did (their settlements applied,
-    their new leases), with the unapplied settlements in `round.unsettled`. A caller that
-    treats it as a plain failure loses nothing: the leases in `round` lapse and come back."""
+class OutcomeUnknown(QueueError):
+    """May have applied: the request was sent but its reply was lost (a leader that died
+    while committing, a timeout, a dropped connection). The transport has already resent
+    what is safe to resend (see the contract); what reaches you is what it could not settle:
+    a publish without a dedup id (retrying could publish twice: give publishes a `dedup_id`,
+    or the transport a `dedup_key`), or any call whose deadline ran out while the outcome was
+    still unknown. Retry only what is safe to repeat."""
+
+
+class PartialRound(QueueError):
+    """Partly applied: a sharded `settle_and_claim` whose settlements on some shard were not
+    applied (the shard did not answer). `round` is what the other shards did (their
+    settlements applied, their new leases), with the unapplied settlements in
+    `round.unsettled`: send those again. A caller that treats it as a plain failure loses
+    nothing: the leases in `round` lapse and come back."""
 
     def __init__(self, message: str, round: Any) -> None:
         super().__init__(message)
         self.round = round
 
 
-class OutcomeUnknown(Unavailable):
-    """The request was sent but its reply was lost (a leader that died while committing, a
-    timeout, a dropped connection): it may or may not have been applied. The transport has
-    already resent what is safe to resend (see the contract); what reaches you is what it
-    could not settle: a publish without a dedup id (retrying could publish twice: give
-    publishes a `dedup_id`, or the transport a `dedup_key`), or any call whose deadline ran
-    out while the outcome was still unknown."""
-
-
 class StaleShardList(QueueError):
-    """A sharded transport's shard list is older than the one a shard has been given (its
+    """A sharded queue's shard list is older than the one a shard has been given (its
     `epoch=` is lower): nothing was published. Give the client the new list."""
 
 
 class AuthError(QueueError):
-    """rqlite refused the credentials (HTTP 401/403). Not retried."""
+    """rqlite refused the credentials (HTTP 401/403): not applied, and not retried. Fix the
+    credentials."""
 
 
 class ClockSkew(QueueError):
@@ -97,4 +115,5 @@ class TransportClosed(QueueError):
 
 
 class SchemaError(QueueError):
-    """The queue's tables were written by a newer version of this library, or are damaged."""
+    """The queue's tables were written by a newer version of this library, or are damaged:
+    upgrade this library."""

@@ -46,10 +46,9 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, cast
 
-from ._async.transport import AsyncTransport
-from ._async.worker import CLAIM_BUCKETS, AsyncWorker
-from ._sync.worker import Worker
-from .lease import Stats
+from . import AsyncTransport
+from .types import Stats
+from .worker import CLAIM_BUCKETS, AsyncWorker, Worker
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer

@@ -32,14 +32,14 @@ from rqlite_queue import (
     Lease,
     LeaseLost,
     OutcomeUnknown,
-    PartialRound,
     QueueError,
     RqliteTransport,
     ShardedTransport,
     Transport,
     Unavailable,
 )
-from rqlite_queue.sharding import home
+from rqlite_queue._protocol.sharding import home
+from rqlite_queue.errors import PartialRound
 from rqlite_queue.testing import Cluster, Node
 
 from .checker import Fault, Op, Report, check

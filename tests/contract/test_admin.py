@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from rqlite_queue import GroupInfo, InvalidArgument, LeaseLost
+from rqlite_queue import InvalidArgument, LeaseLost
+from rqlite_queue.types import GroupInfo
 
 from .conftest import FakeClock, MakeQueue
 

@@ -10,15 +10,9 @@ from typing import Any
 import pydantic
 import pytest
 
-from rqlite_queue import (
-    EncodeError,
-    InvalidArgument,
-    Lease,
-    LeaseLost,
-    ModelCodec,
-    PayloadTooLarge,
-    RawCodec,
-)
+from rqlite_queue import InvalidArgument, Lease, LeaseLost
+from rqlite_queue.codec import ModelCodec, RawCodec
+from rqlite_queue.errors import EncodeError, PayloadTooLarge
 
 from .conftest import FakeClock, MakeQueue, per_shard
 

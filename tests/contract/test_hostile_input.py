@@ -27,21 +27,13 @@ from typing import Any
 import pydantic
 import pytest
 
-from rqlite_queue import (
-    EncodeError,
-    InvalidArgument,
-    JsonCodec,
-    Lease,
-    LeaseLost,
-    PayloadTooLarge,
-    QueueError,
-    RawCodec,
-    Round,
-    TransportClosed,
-)
-from rqlite_queue.checks import MAX_ID_BYTES, MAX_SECONDS
-from rqlite_queue.core import MAX_BATCH, MAX_REASON_BYTES
+from rqlite_queue import InvalidArgument, Lease, LeaseLost, QueueError
+from rqlite_queue._protocol.checks import MAX_ID_BYTES, MAX_SECONDS
+from rqlite_queue._protocol.core import MAX_BATCH, MAX_REASON_BYTES
+from rqlite_queue.codec import JsonCodec, RawCodec
+from rqlite_queue.errors import EncodeError, PayloadTooLarge, TransportClosed
 from rqlite_queue.testing import Cluster
+from rqlite_queue.types import Round
 
 from .conftest import FakeClock, MakeQueue, backend_url
 

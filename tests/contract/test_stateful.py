@@ -47,7 +47,7 @@ from hypothesis.stateful import (
 )
 
 from rqlite_queue import Lease, LeaseLost, RqliteTransport, SqliteTransport, Transport
-from rqlite_queue.sql import RETIRE_WINDOW
+from rqlite_queue._protocol.sql import RETIRE_WINDOW
 from rqlite_queue.testing import Cluster
 
 from .conftest import FakeClock

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from rqlite_queue import Lease, ShardedTransport
-from rqlite_queue.sharding import home
+from rqlite_queue._protocol.sharding import home
 from rqlite_queue.testing import Cluster
 
 from .conftest import FakeClock
@@ -159,17 +159,15 @@ class ShardedMachine(QueueMachine):
         super().__init__()
         self.model = ShardedModel(self.clock.now, DEDUP_WINDOW)  # type: ignore[assignment]
         assert isinstance(self.q, ShardedTransport)
-        for name in SHARDS:  # record each claim sent to a shard: (shard, n)
-            shard = self.q.shard(name)
-            for method in ("_claim_many", "_settle_and_claim"):
-                setattr(shard, method, self._recorder(name, method, getattr(shard, method)))
+        for name in SHARDS:  # record each round sent to a shard: (shard, n)
+            backend = self.q.router.backend(name)
+            backend.round = self._recorder(name, backend.round)
 
-    def _recorder(self, name: str, method: str, call: Callable[..., Any]) -> Callable[..., Any]:
+    def _recorder(self, name: str, call: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(call)
-        def recorded(*args: Any, **kwargs: Any) -> Any:
-            n = args[2] if len(args) > 2 else kwargs.get("n", 0)
-            self.calls.append((name, n))
-            return call(*args, **kwargs)
+        def recorded(checked: Any, *args: Any, **kwargs: Any) -> Any:
+            self.calls.append((name, checked.n))
+            return call(checked, *args, **kwargs)
 
         return recorded
 

@@ -8,16 +8,12 @@ from typing import Any
 
 import pytest
 
-from rqlite_queue import (
-    EncodeError,
-    InvalidArgument,
-    Lease,
-    LeaseLost,
-    OutcomeUnknown,
-    TransportClosed,
-    sql,
-)
-from rqlite_queue.core import QueueCore
+from rqlite_queue import InvalidArgument, Lease, OutcomeUnknown
+from rqlite_queue._protocol import sql
+from rqlite_queue._protocol.core import Plan, QueueCore
+from rqlite_queue._protocol.params import Message, RoundSpec
+from rqlite_queue.errors import EncodeError, TransportClosed
+from rqlite_queue.types import Round
 
 NOW = 1_800_000_000.0
 LONGEST_QUEUE = "q" * 40
@@ -36,6 +32,22 @@ def core(queue: str = "t", chance: float = 0.99, **options: Any) -> QueueCore:
     )
 
 
+def round_(c: QueueCore, **spec: Any) -> Plan[Round]:
+    return c.round(c.check_round(RoundSpec(**spec)))
+
+
+def claim(c: QueueCore, worker: str, visibility: float, n: int, floor: int) -> Plan[Round]:
+    return round_(c, worker_id=worker, visibility=visibility, n=n, min_priority=floor)
+
+
+def publish_many(c: QueueCore, items: Any) -> Plan[list[int]]:
+    return c.publish(c.messages(Message.parse_many(items), scoped=False))
+
+
+def publish(c: QueueCore, group_id: str, event: Any, **options: Any) -> Plan[list[int]]:
+    return publish_many(c, [{"group_id": group_id, "event": event, **options}])
+
+
 def reply(batch: sql.Batch, **by_slot: sql.Result) -> sql.Reply:
     """Results for `batch`: the named slots as given, every other statement empty."""
     results = [sql.Result() for _ in batch.statements]
@@ -49,7 +61,7 @@ def lease(seq: int, group: str, token: str = "w:T0") -> Lease:
 
 
 def test_a_claim_reads_its_leases_and_a_resend_reads_the_same() -> None:
-    plan = core().claim("w", 30, 2, 0)
+    plan = claim(core(), "w", 30, 2, 0)
     rows = [[9, "b", '{"n":9}', 2, NOW + 30, None, 12], [7, "a", '{"n":7}', 1, NOW + 30, None, 3]]
     canned = reply(plan.batch, leased=sql.Result(rows=rows))
     leases = plan.read(canned).leases
@@ -64,7 +76,7 @@ def test_a_claim_reads_its_leases_and_a_resend_reads_the_same() -> None:
 
 
 def test_a_lease_on_an_expired_message_is_set_apart() -> None:
-    plan = core().claim("w", 30, 2, 0)
+    plan = claim(core(), "w", 30, 2, 0)
     rows = [[7, "a", "1", 1, NOW + 30, NOW - 1, 1], [9, "b", "2", 1, NOW + 30, NOW + 60, 2]]
     result = plan.read(reply(plan.batch, leased=sql.Result(rows=rows)))
     assert [x.seq for x in result.leases] == [9]
@@ -74,17 +86,17 @@ def test_a_lease_on_an_expired_message_is_set_apart() -> None:
 def test_a_claim_without_a_floor_reads_its_leases_from_returning() -> None:
     """The cheaper batch for rqlite: no SELECT, so it can go to /db/execute; its resend is
     the SELECT form, which finds the groups the token took."""
-    plan = core().claim("w", 30, 2, 0)
+    plan = claim(core(), "w", 30, 2, 0)
     assert plan.batch.returning and plan.replay_batch is not None
     assert not plan.replay_batch.returning
     assert not any(s.sql.startswith("SELECT") for s in plan.batch.statements)
-    assert core().claim("w", 30, 2, 1).batch.returning is False  # a floor: a SELECT
+    assert claim(core(), "w", 30, 2, 1).batch.returning is False  # a floor: a SELECT
 
 
 def test_returning_rows_dropped_by_the_server_send_the_select_form() -> None:
     """Rows changed, none returned: the server did not keep the RETURNING rows; the claim's
     outcome is then unknown to the reader, which lets the transport resend the SELECT form."""
-    plan = core().claim("w", 30, 2, 0)
+    plan = claim(core(), "w", 30, 2, 0)
     dropped = reply(plan.batch, leased=sql.Result(rows_affected=2))
     with pytest.raises(OutcomeUnknown):
         plan.read(dropped)
@@ -92,38 +104,46 @@ def test_returning_rows_dropped_by_the_server_send_the_select_form() -> None:
 
 
 def test_the_same_sources_make_the_same_batch() -> None:
-    first = core().round(worker_id="w", n=3, ack=[lease(1, "a")])
-    second = core().round(worker_id="w", n=3, ack=[lease(1, "a")])
+    first = round_(core(), worker_id="w", n=3, ack=[lease(1, "a")])
+    second = round_(core(), worker_id="w", n=3, ack=[lease(1, "a")])
     assert first.batch == second.batch
 
 
-def test_an_ack_that_did_not_hold_raises_lease_lost_but_not_on_a_resend() -> None:
+def test_an_ack_that_did_not_hold_is_lost_but_not_on_a_resend() -> None:
     held = lease(1, "a")
-    plan = core().ack([held])
-    with pytest.raises(LeaseLost) as lost:
-        plan.read(reply(plan.batch, finished=sql.Result(rows_affected=0)))
-    assert lost.value.leases == [held]
-    plan.read(reply(plan.batch, finished=sql.Result(rows_affected=1)))
+    plan = round_(core(), ack=[held])
+    assert plan.read(reply(plan.batch, finished=sql.Result(rows_affected=0))).lost == [held]
+    assert plan.read(reply(plan.batch, finished=sql.Result(rows_affected=1))).lost == []
     assert plan.replay is not None
-    plan.replay(reply(plan.batch, finished=sql.Result(rows_affected=0)))
+    assert plan.replay(reply(plan.batch, finished=sql.Result(rows_affected=0))).lost == []
+
+
+def test_an_extension_found_gone_on_a_resend_is_lost() -> None:
+    """An extension never releases its lease: a resend that finds it gone was taken over."""
+    held = lease(1, "a")
+    plan = round_(core(), extend=[held])
+    assert plan.replay is not None
+    resent = plan.replay(reply(plan.batch, changed=sql.Result(rows_affected=0)))
+    assert resent.lost == [held] and resent.extended == []
 
 
 def test_a_round_names_the_settlements_that_did_not_hold_in_the_order_given() -> None:
     a, b, c = lease(1, "a"), lease(2, "b"), lease(3, "c")
-    plan = core().round(ack=[a, b, a], nack=[(c, 5)])
+    plan = round_(core(), ack=[a, b, a], nack=[(c, 5)])
     canned = reply(plan.batch, lost=sql.Result(rows=[[1]]))  # b (index 1 of the unique ones)
     assert plan.read(canned).lost == [b, a]  # a's repeat never holds
 
 
 def test_publish_reads_new_and_deduplicated_seqs() -> None:
-    plan = core().publish_many(
+    plan = publish_many(
+        core(),
         [
             ("g", 1),
             {"group_id": "g", "event": 2, "dedup_id": "old"},
             {"group_id": "g", "event": 3, "dedup_id": "new"},
             {"group_id": "h", "event": 4, "dedup_id": "new"},  # repeat within the batch
             ("h", 5),
-        ]
+        ],
     )
     canned = reply(
         plan.batch,
@@ -135,23 +155,23 @@ def test_publish_reads_new_and_deduplicated_seqs() -> None:
 
 
 def test_a_publish_with_dedup_ids_everywhere_is_resent() -> None:
-    plan = core(dedup_key=lambda event: f"id-{event}").publish("g", 5)
+    plan = publish(core(dedup_key=lambda event: f"id-{event}"), "g", 5)
     assert plan.replay is not None
 
 
 @pytest.mark.parametrize(
     ("call", "error"),
     [
-        (lambda c: c.publish("g\ud800", 1), InvalidArgument),
-        (lambda c: c.publish("g", "\ud800"), EncodeError),
-        (lambda c: c.publish("g", 1, dedup_id="\udfff"), InvalidArgument),
-        (lambda c: c.claim("w", float("inf"), 1, 0), InvalidArgument),
-        (lambda c: c.claim("w", float("nan"), 1, 0), InvalidArgument),
-        (lambda c: c.nack(lease(1, "a"), float("nan")), InvalidArgument),
-        (lambda c: c.nack(lease(1, "a"), -1), InvalidArgument),
-        (lambda c: c.claim("w", 30, 2**70, 0), InvalidArgument),
-        (lambda c: c.dead_letter(lease(1, "a"), "\ud800"), InvalidArgument),
-        (lambda c: c.publish("g" * 2000, 1), InvalidArgument),
+        (lambda c: publish(c, "g\ud800", 1), InvalidArgument),
+        (lambda c: publish(c, "g", "\ud800"), EncodeError),
+        (lambda c: publish(c, "g", 1, dedup_id="\udfff"), InvalidArgument),
+        (lambda c: claim(c, "w", float("inf"), 1, 0), InvalidArgument),
+        (lambda c: claim(c, "w", float("nan"), 1, 0), InvalidArgument),
+        (lambda c: round_(c, nack=[(lease(1, "a"), float("nan"))]), InvalidArgument),
+        (lambda c: round_(c, nack=[(lease(1, "a"), -1)]), InvalidArgument),
+        (lambda c: claim(c, "w", 30, 2**70, 0), InvalidArgument),
+        (lambda c: round_(c, dead=[(lease(1, "a"), "\ud800")]), InvalidArgument),
+        (lambda c: publish(c, "g" * 2000, 1), InvalidArgument),
     ],
 )
 def test_bad_input_is_refused_before_any_statement(call: Any, error: type) -> None:
@@ -162,7 +182,7 @@ def test_bad_input_is_refused_before_any_statement(call: Any, error: type) -> No
 def test_a_closed_core_refuses_every_plan() -> None:
     c = core()
     c.closed = True
-    for call in (lambda: c.publish("g", 1), lambda: c.claim("w", 30, 1, 0), c.stats):
+    for call in (lambda: publish(c, "g", 1), lambda: claim(c, "w", 30, 1, 0), c.stats):
         with pytest.raises(TransportClosed):
             call()
 
@@ -173,10 +193,11 @@ def every_batch(c: QueueCore) -> dict[str, sql.Batch]:
         "setup": c.bootstrap().batch,
         "create": sql.create(c.names),
         "migrate": sql.migrate(c.names, 1),
-        "publish_many": c.publish_many(
-            [{"group_id": f"g{i}", "event": i, "dedup_id": f"d{i}"} for i in range(500)]
+        "publish_many": publish_many(
+            c, [{"group_id": f"g{i}", "event": i, "dedup_id": f"d{i}"} for i in range(500)]
         ).batch,
-        "round": c.round(
+        "round": round_(
+            c,
             worker_id="w" * 500,
             n=64,
             min_priority=1,
@@ -186,7 +207,7 @@ def every_batch(c: QueueCore) -> dict[str, sql.Batch]:
             dead=[(x, "why") for x in many[300:400]],
             hold_dead=True,
         ).batch,
-        "claim floor 1": c.claim("w", 30, 64, 1).batch,
+        "claim floor 1": claim(c, "w", 30, 64, 1).batch,
         "probe": c.probe(1).batch,
         "stats": c.stats().batch,
         "requeue": c.requeue_dead([1, 2, 3]).batch,

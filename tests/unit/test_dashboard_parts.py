@@ -7,9 +7,9 @@ import pytest
 
 pytest.importorskip("starlette", reason="the dashboard extra is not installed")
 
-from rqlite_queue import Stats
+from rqlite_queue._protocol.http import applied_index, parse_nodes
 from rqlite_queue.dashboard.history import History, polyline
-from rqlite_queue.dashboard.nodes import applied_index, parse_nodes
+from rqlite_queue.types import Stats
 
 
 def stats(depth: int, last_seq: int, dead: int = 0) -> Stats:

@@ -1,4 +1,4 @@
-"""The pure half of sharding (`rqlite_queue.sharding`): where groups live, parsing shard
+"""The pure half of sharding (`rqlite_queue._protocol.sharding`): where groups live, parsing shard
 lists, combining the shards' answers, the health of shards. No I/O."""
 
 from __future__ import annotations
@@ -7,9 +7,10 @@ from collections import Counter
 
 import pytest
 
-from rqlite_queue import InvalidArgument, Stats
-from rqlite_queue.core import Probe
-from rqlite_queue.sharding import (
+from rqlite_queue import InvalidArgument
+from rqlite_queue._protocol.core import Probe
+from rqlite_queue._protocol.retry import PROBE
+from rqlite_queue._protocol.sharding import (
     Health,
     ShardSpec,
     home,
@@ -22,6 +23,7 @@ from rqlite_queue.sharding import (
     scoped_dedup_id,
     shares,
 )
+from rqlite_queue.types import Stats
 
 GROUPS = [f"workflow-{i}" for i in range(20_000)]
 
@@ -139,13 +141,13 @@ def test_a_down_shard_is_retried_with_a_growing_wait() -> None:
     assert health.due(101.4) == [] and health.due(101.5) == ["b"]
     for _ in range(10):
         health.failed("b", now=200.0)
-    assert health.next_retry() == 200.0 + Health.MAX_RETRY
+    assert health.next_retry() == 200.0 + PROBE.cap
     health.recovered("b")
     assert not health.is_down("b") and health.next_retry() is None
 
 
 def test_a_change_of_the_list_is_marked_with_an_epoch() -> None:
-    from rqlite_queue.sharding import DRAINING, JOINING
+    from rqlite_queue._protocol.sharding import DRAINING, JOINING
 
     adding = parse_shard_list("epoch=3;a=http://h:1;b=http://h:2;+c=http://h:3")
     assert adding.epoch == 3 and adding.changing
@@ -166,7 +168,7 @@ def test_a_change_of_the_list_is_marked_with_an_epoch() -> None:
 
 
 def test_lost_settlements_come_back_in_the_order_given() -> None:
-    from rqlite_queue.sharding import in_given_order
+    from rqlite_queue._protocol.sharding import in_given_order
 
     l0, l1, l2 = object(), object(), object()
     given = [l0, l1, l0, l2]

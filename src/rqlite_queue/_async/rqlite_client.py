@@ -1,14 +1,15 @@
-"""The HTTP client for an rqlite cluster: drives `rqlite_http.exchange` (the retry policy, no
+"""The HTTP client for an rqlite cluster: drives `_protocol.http.exchange` (the retry policy, no
 I/O) with real requests and sleeps. This file is the source; `_sync/rqlite_client.py` is
 generated from it (`scripts/gen_sync.py`). The request itself is the HTTP library's:
-`http_async.AiohttpClient` and `http_sync.Urllib3Client` implement `_post`."""
+`_io.aiohttp_client.AiohttpClient` and `_io.urllib3_client.Urllib3Client` implement `_post`."""
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
-from ..rqlite_http import ClientState, Outcome, Send
-from ..sql import Batch, Result
+from .._protocol.http import ClientState, Outcome, Send
+from .._protocol.sql import Batch, Result
 
 
 class AsyncRqliteClient(ClientState):
@@ -32,6 +33,10 @@ class AsyncRqliteClient(ClientState):
                 return results
 
     async def _post(self, send: Send, path: str, body: bytes) -> Outcome:
+        raise NotImplementedError
+
+    async def get_json(self, base_url: str, path: str, timeout: float) -> Any:
+        """GET a node's JSON endpoint (`/status`, `/nodes`); None if it does not answer."""
         raise NotImplementedError
 
     async def close(self) -> None:

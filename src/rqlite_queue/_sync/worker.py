@@ -18,9 +18,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._protocol.checks import check_bool, check_int, check_seconds
+from .._protocol.retry import ROUND_ERRORS, Backoff
+from .._protocol.worker_policy import FailurePolicy, PriorityShare, Verdict, heartbeat_due
 from .._runtime import SyncRuntime
-from ..checks import check_bool, check_int, check_seconds
-from ..core import Round
 from ..errors import (
     AuthError,
     InvalidArgument,
@@ -29,9 +30,8 @@ from ..errors import (
     SchemaError,
     TransportClosed,
 )
-from ..lease import Lease
-from ..worker_policy import Backoff, FailurePolicy, PriorityShare, Verdict, heartbeat_due
-from .transport import Transport
+from ..types import Lease, Round
+from .queue import Transport
 
 log = logging.getLogger("rqlite_queue.worker")
 
@@ -39,7 +39,6 @@ log = logging.getLogger("rqlite_queue.worker")
 CLAIM_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 PERMANENT = (AuthError, SchemaError, TransportClosed)
 """Errors no retry can mend: the worker stops and `run` raises them."""
-MAX_ERROR_WAIT = 2.0
 SCHEDULE_CHECK = 1.0
 """A busy worker looks for due schedules this often (an idle one learns the next tick from
 its polls)."""
@@ -287,7 +286,7 @@ class Worker:
                 self.stats.claim_errors += 1
                 errors += 1
                 log.warning("worker %s: round trip failed: %s", self.worker_id, exc)
-                runtime.wait(min(MAX_ERROR_WAIT, 0.05 * 2**errors))
+                runtime.wait(ROUND_ERRORS.delay(errors))
                 continue
             errors = errors + 1 if result.unsettled else 0  # unsettled: a shard did not answer
             self.stats.rounds += 1
@@ -308,7 +307,7 @@ class Worker:
                     self.worker_id,
                     len(result.unsettled),
                 )
-                runtime.wait(min(MAX_ERROR_WAIT, 0.05 * 2**errors))
+                runtime.wait(ROUND_ERRORS.delay(errors))
 
     def _worth_claiming(self, runtime: SyncRuntime) -> bool:
         """Idle: is a claim worth a write? A read without a Raft round decides."""

@@ -21,9 +21,9 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from .._sync.transport import Transport
-from ..lease import Stats
+from .. import Transport
 from ..timefmt import duration
+from ..types import Stats
 
 DEFAULT_URL = "sqlite:///rqlite-queue.db"
 """The embedded queue in `./rqlite-queue.db` when neither `--url` nor `$RQLITE_QUEUE_URL`

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 import click
 from rich.table import Table
 
-from ..lease import DeadLetter
 from ..timefmt import duration, utc
+from ..types import DeadLetter
 from ._base import (
     Config,
     _ago,

@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from .._async.transport import AsyncTransport
+from .. import AsyncTransport
 from ._base import (
     Config,
     cli,

@@ -76,7 +76,7 @@ def up(n: int, data_dir: Path | None, http_port: int | None) -> int:
     listen on 127.0.0.1, on free ports unless --http-port, and keep their data in a temporary
     directory removed when the cluster stops, unless --data-dir; prints the --url to give the
     other commands."""
-    from ..testing.cluster import Cluster, ClusterError
+    from ..local_cluster import Cluster, ClusterError
 
     try:
         rqlited = find_rqlited()
@@ -135,11 +135,11 @@ _PASSTHROUGH = {"ignore_unknown_options": True, "allow_extra_args": True, "help_
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def demo(ctx: click.Context, args: tuple[str, ...]) -> int:
-    """Run the demo workload (python -m rqlite_queue.demo; 'demo --help' for its options).
+    """Run the demo workload ('demo --help' for its options).
 
     By default it starts its own local 3-node cluster; a --url given to rqlite-queue (or
     $RQLITE_QUEUE_URL) is passed on to it."""
-    from .. import demo as demo_module
+    from . import demo as demo_module
 
     argv = list(args)
     source = ctx.parent.get_parameter_source("url") if ctx.parent is not None else None

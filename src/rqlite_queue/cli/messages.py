@@ -15,7 +15,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from ..core import QueueCore
 from ..errors import InvalidArgument, QueueError
 from ._base import (
     PUBLISH_BATCH,
@@ -32,11 +31,9 @@ from ._base import (
 # ------------------------------------------------------------------------------ publish
 
 
-def _read_lines(stream: Any, default_priority: int, queue: str) -> list[dict[str, Any]]:
-    """Every JSON line of stdin, each checked as `publish_many` would check it (nothing is
-    published if any line is bad)."""
-    checker = QueueCore(queue=queue, clock=time.time, token=str, chance=lambda: 1.0)
-    items: list[dict[str, Any]] = []
+def _read_lines(stream: Any, default_priority: int) -> list[tuple[int, dict[str, Any]]]:
+    """Every JSON line of stdin, with its line number."""
+    items: list[tuple[int, dict[str, Any]]] = []
     for number, line in enumerate(stream, start=1):
         if not line.strip():
             continue
@@ -49,11 +46,7 @@ def _read_lines(stream: Any, default_priority: int, queue: str) -> list[dict[str
                 f'stdin line {number}: expected an object {{"group_id": ..., "event": ...}}'
             )
         item.setdefault("priority", default_priority)
-        try:
-            checker.publish_many([item])
-        except InvalidArgument as exc:
-            raise InvalidArgument(f"stdin line {number}: {exc}") from None
-        items.append(item)
+        items.append((number, item))
     return items
 
 
@@ -116,8 +109,7 @@ def publish(
             )
         if sys.stdin.isatty():
             raise click.UsageError("give GROUP and EVENT_JSON, or pipe JSON lines to stdin")
-        items = _read_lines(sys.stdin, priority, config.queue)
-        _publish_batches(config, items, batch_size)
+        _publish_batches(config, _read_lines(sys.stdin, priority), batch_size)
         return 0
     if event_json is None:
         raise click.UsageError("missing EVENT_JSON (or use '-' to read JSON lines from stdin)")
@@ -128,10 +120,18 @@ def publish(
     return 0
 
 
-def _publish_batches(config: Config, items: list[dict[str, Any]], batch_size: int) -> None:
+def _publish_batches(
+    config: Config, lines: list[tuple[int, dict[str, Any]]], batch_size: int
+) -> None:
     err = _stderr()
     done = 0
+    items = [item for _, item in lines]
     with config.transport() as queue:
+        try:  # every line checked before any is sent: a bad line publishes nothing
+            queue.check_publish_many(items)
+        except InvalidArgument as exc:
+            where = f"stdin line {lines[exc.index][0]}: " if exc.index is not None else ""
+            raise InvalidArgument(f"{where}{exc}") from None
         progress = Progress(
             TextColumn("publishing"),
             BarColumn(),

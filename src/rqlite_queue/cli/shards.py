@@ -8,8 +8,8 @@ import time
 import click
 from rich.table import Table
 
-from .._sync.sharded import ShardedTransport
-from ..sharding import DRAINING, ShardStatus
+from .. import ShardedTransport
+from ..types import ShardStatus
 from ._base import Config, _json, _stdout, cli
 
 
@@ -58,8 +58,8 @@ def _verdict(queue: ShardedTransport, statuses: list[ShardStatus]) -> str:
     left = sum((s.leaving or 0) + (s.waiting or 0) for s in statuses)
     if left:
         return f"change under way: {left} groups still moving"
-    draining = [s.name for s in statuses if s.state == DRAINING]
-    busy = [s.name for s in statuses if s.state == DRAINING and (s.depth or s.dead)]
+    draining = [s.name for s in statuses if s.state == "draining"]
+    busy = [s.name for s in statuses if s.state == "draining" and (s.depth or s.dead)]
     if busy:
         return f"moved; shard(s) {', '.join(busy)} still hold messages or dead letters"
     gone = f"remove {', '.join(draining)} and " if draining else ""
@@ -105,7 +105,7 @@ def drain(config: Config, name: str, interval: float, give_up: float | None) -> 
     with _sharded(config) as queue:
         queue.shard(name)
         state = next(s.state for s in queue.shard_list.specs if s.name == name)
-        if state != DRAINING:
+        if state != "draining":
             raise click.ClickException(
                 f"shard {name!r} is not marked draining in --url: list it as '-{name}=URL' "
                 "with a higher epoch=N, and give that list to every client first"

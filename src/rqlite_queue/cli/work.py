@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from .._async.transport import AsyncTransport
+from .. import AsyncTransport
 from ._base import (
     Config,
     HandlerError,

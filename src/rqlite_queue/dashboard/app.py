@@ -27,13 +27,11 @@ from starlette.responses import HTMLResponse, PlainTextResponse, RedirectRespons
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from .._async.transport import AsyncTransport
-from ..core import MAX_BATCH
+from .. import AsyncTransport
 from ..errors import InvalidArgument, LeaseLost, QueueError, Unavailable
-from ..sql import GROUP_STATES, MAX_PRIORITY
 from ..timefmt import duration, utc
+from ..types import GROUP_STATES, MAX_BATCH, MAX_PRIORITY
 from .history import History, polyline
-from .nodes import cluster_nodes
 from .security import Access, Csrf
 
 PAGE = 50
@@ -148,7 +146,7 @@ class _Dashboard:
     # ------------------------------------------------------------------ overview
 
     async def _overview(self) -> dict[str, Any]:
-        stats, nodes = await asyncio.gather(self.q.stats(), cluster_nodes(self.q))
+        stats, nodes = await asyncio.gather(self.q.stats(), self.q.nodes())
         now = self.clock()
         if self.history.due(now):
             self.history.add(now, stats)

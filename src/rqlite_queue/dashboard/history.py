@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from ..lease import Stats
+from ..types import Stats
 
 
 @dataclass(frozen=True, slots=True)

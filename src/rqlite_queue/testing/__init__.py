@@ -6,7 +6,7 @@ below is what its fixtures, `rqlite-queue cluster up` and the demo run on. Impor
 starts nothing and registers nothing.
 """
 
-from .cluster import (
+from ..local_cluster import (
     FAST_RAFT_ARGS,
     Cluster,
     ClusterError,

@@ -26,9 +26,9 @@ from typing import Any
 
 import pytest
 
-from .._sync.transport import Transport
+from .. import Transport
+from ..local_cluster import Cluster, RqlitedNotFound, kill_leftovers
 from ..rqlited import check_rqlited, find_rqlited
-from .cluster import Cluster, RqlitedNotFound, kill_leftovers
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

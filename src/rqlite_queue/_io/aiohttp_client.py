@@ -11,9 +11,17 @@ from typing import Any
 
 import aiohttp
 
-from ._async.rqlite_client import AsyncRqliteClient
-from .http_sync import POOL_SIZE
-from .rqlite_http import Endpoints, NoReply, NotSent, Outcome, Reply, Send, request_headers
+from .._async.rqlite_client import AsyncRqliteClient
+from .._protocol.http import (
+    POOL_SIZE,
+    Endpoints,
+    HttpReply,
+    NoReply,
+    NotSent,
+    Outcome,
+    Send,
+    request_headers,
+)
 
 
 class AiohttpClient(AsyncRqliteClient):
@@ -61,7 +69,9 @@ class AiohttpClient(AsyncRqliteClient):
             return NotSent(str(exc))
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             return NoReply(repr(exc))
-        return Reply(response.status, content, response.headers.get("Date"), sent_at, self.clock())
+        return HttpReply(
+            response.status, content, response.headers.get("Date"), sent_at, self.clock()
+        )
 
     async def get_json(self, base_url: str, path: str, timeout: float) -> Any:
         """GET an rqlite node's JSON endpoint (`/status`, `/nodes`) with this client's

@@ -22,7 +22,7 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from .errors import (
+from ..errors import (
     AuthError,
     BackendError,
     InvalidArgument,
@@ -30,16 +30,15 @@ from .errors import (
     OutcomeUnknown,
     Unavailable,
 )
+from .retry import FAILOVER, MIN_ATTEMPT, Retry
 from .sql import Batch, Result
 
 log = logging.getLogger("rqlite_queue.rqlite")
 
+POOL_SIZE = 32
+"""Keep-alive connections kept per node."""
 # A top-level error that proves the request was not applied: safe to send elsewhere.
 _NOT_APPLIED = ("not leader", "leader not found")
-FIRST_BACKOFF = 0.05
-MAX_BACKOFF = 1.0
-MIN_ATTEMPT = 0.01
-"""No request is started with less time than this left before the deadline."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +122,7 @@ def _result(raw: Mapping[str, Any]) -> Result:
 # ------------------------------------------------------------------- one request's retries
 #
 # The clients drive `exchange`: it yields `Send` (post the request to this node, with this
-# timeout) and `Sleep`, and is sent back what happened (`Reply`, `NotSent`, `NoReply`). It
+# timeout) and `Sleep`, and is sent back what happened (`HttpReply`, `NotSent`, `NoReply`). It
 # returns the results, or raises the typed error the caller gets.
 
 
@@ -139,7 +138,7 @@ class Sleep:
 
 
 @dataclass(frozen=True, slots=True)
-class Reply:
+class HttpReply:
     status: int
     content: bytes
     date: str | None = None
@@ -163,7 +162,7 @@ class NoReply:
     error: str
 
 
-Outcome = Reply | NotSent | NoReply
+Outcome = HttpReply | NotSent | NoReply
 Action = Send | Sleep
 
 
@@ -187,14 +186,14 @@ def exchange(
     timeout: float,
     monotonic: Callable[[], float],
     jitter: Callable[[], float],
-    on_reply: Callable[[Reply, int], None] | None = None,
+    on_reply: Callable[[HttpReply, int], None] | None = None,
 ) -> Generator[Action, Outcome | None, list[Result]]:
     """Send `request` until it is answered or `deadline` (a `monotonic` time) passes. A
     failure that proves the request was not applied moves to the next node and tries again
     after a backoff; a write whose outcome is unknown is not resent here (the transport knows
     which writes are safe to resend) but raises `OutcomeUnknown`, after moving on to the next
     node (the one that failed may be frozen). No request is given more time than is left."""
-    backoff = FIRST_BACKOFF
+    retry = Retry(FAILOVER, deadline, jitter)
     last: Unavailable | None = None
     while True:
         left = deadline - monotonic()
@@ -203,7 +202,7 @@ def exchange(
         node = nodes.current
         outcome = yield Send(node, min(timeout, left))
         failure: Unavailable
-        if isinstance(outcome, Reply):
+        if isinstance(outcome, HttpReply):
             if on_reply is not None:
                 on_reply(outcome, node)
             try:
@@ -226,11 +225,10 @@ def exchange(
             raise TypeError(f"exchange was sent {outcome!r}")
         last = failure
         nodes.advance()
-        left = deadline - monotonic()
-        if left < MIN_ATTEMPT + backoff / 2:
+        wait = retry.wait(monotonic())
+        if wait is None:
             raise failure
-        yield Sleep(min(backoff * (0.5 + jitter() / 2), left - MIN_ATTEMPT))
-        backoff = min(backoff * 2, MAX_BACKOFF)
+        yield Sleep(wait)
 
 
 def request_headers(endpoints: Endpoints) -> dict[str, str]:
@@ -291,7 +289,7 @@ class ClientState:
             on_reply=self._on_reply,
         )
 
-    def _on_reply(self, reply: Reply, node: int) -> None:
+    def _on_reply(self, reply: HttpReply, node: int) -> None:
         date = http_date(reply.date) if reply.date else None
         if date is None:
             return
@@ -352,6 +350,35 @@ def http_date(value: str) -> float | None:
     try:
         return parsedate_to_datetime(value).timestamp()
     except (TypeError, ValueError, IndexError):
+        return None
+
+
+# ------------------------------------------------------------------ the cluster's nodes
+
+STATUS_TIMEOUT = 1.0
+"""How long `nodes()` waits for each node's `/nodes` or `/status`."""
+
+
+def parse_nodes(reply: Any) -> list[tuple[str, str, bool, bool]]:
+    """(id, API address, reachable, leader) per node, from `/nodes` (v8's object keyed by node
+    id, or the `{"nodes": [...]}` list of `?ver=2`), sorted by id."""
+    if isinstance(reply, Mapping) and isinstance(reply.get("nodes"), list):
+        entries = [(str(e.get("id", "")), e) for e in reply["nodes"] if isinstance(e, Mapping)]
+    elif isinstance(reply, Mapping):
+        entries = [(str(k), e) for k, e in reply.items() if isinstance(e, Mapping)]
+    else:
+        return []
+    return sorted(
+        (node_id, str(e.get("api_addr", "")), bool(e.get("reachable")), bool(e.get("leader")))
+        for node_id, e in entries
+    )
+
+
+def applied_index(status: Any) -> int | None:
+    """The last Raft entry a node applied, from its `/status`."""
+    try:
+        return int(status["store"]["raft"]["applied_index"])
+    except (KeyError, TypeError, ValueError):
         return None
 
 

@@ -1,5 +1,5 @@
 """Groups spread over several clusters (shards): where a group lives, and how the shards'
-answers combine. Pure functions, no I/O; the sharded transports (`_async/sharded.py`) run them.
+answers combine. Pure functions, no I/O; the shard router (`_async/shards.py`) runs them.
 
 A group lives on exactly one shard, chosen by rendezvous (highest random weight) hashing of its
 id over the shards' *names*: each shard scores the group with a hash of (name, group id) and the
@@ -9,6 +9,7 @@ removing one moves only its own, and the order in which shards are listed moves 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -16,9 +17,10 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from .core import Probe, PublishItem
-from .errors import InvalidArgument
-from .lease import Stats
+from ..errors import InvalidArgument, ShardDown
+from ..types import DeadLetter, GroupInfo, Lease, Probe, Round, Schedule, ShardStatus, Stats
+from .params import FINISH, CheckedRound, Settlement
+from .retry import PROBE
 
 T = TypeVar("T")
 
@@ -58,6 +60,35 @@ class ShardList:
     def changing(self) -> bool:
         return any(s.state != ACTIVE for s in self.specs)
 
+    def shard_of(self, group_id: str) -> str:
+        """The shard that takes the group's new messages (see `placement`)."""
+        return self.placement(group_id)[0]
+
+    def shard_of_lease(self, lease: Lease) -> str:
+        """The shard a lease was taken on (`Lease.shard`, or its group's shard)."""
+        if lease.shard:
+            if lease.shard not in self.names:
+                raise InvalidArgument(f"the lease is from shard {lease.shard!r}, not one of these")
+            return lease.shard
+        return self.shard_of(lease.group_id)
+
+    def left_old_shard(self, leases: Iterable[Lease]) -> set[str]:
+        """The moving groups these finished leases took a message of off their old shard:
+        once they have none left there, their new shard may serve them."""
+        groups = set()
+        for lease in leases:
+            target, previous = self.placement(lease.group_id)
+            if lease.shard and lease.shard == previous != target:
+                groups.add(lease.group_id)
+        return groups
+
+    def leaving(self, name: str, groups: Iterable[GroupInfo]) -> int:
+        """How many of these groups of shard `name` have messages there but belong elsewhere."""
+        return sum(1 for g in groups if g.depth and self.shard_of(g.group_id) != name)
+
+    def state(self, name: str) -> str:
+        return next((s.state for s in self.specs if s.name == name), ACTIVE)
+
     def placement(self, group_id: str) -> tuple[str, str]:
         """(target, previous): the shard that takes the group's new messages once it has
         none elsewhere, and the shard it lived on before the change under way (the same one
@@ -65,28 +96,6 @@ class ShardList:
         target = home(group_id, [s.name for s in self.specs if s.state != DRAINING])
         before = [s.name for s in self.specs if s.state != JOINING]
         return target, home(group_id, before) if before else target
-
-
-@dataclass(frozen=True, slots=True)
-class ShardStatus:
-    """One shard, as `shard_status()` reports it during a change of the shard list (None:
-    the shard did not answer)."""
-
-    name: str
-    state: str
-    up: bool
-    epoch: int | None
-    """The shard list epoch this shard has been given (by the publishes of clients)."""
-    depth: int | None
-    groups: int | None
-    leaving: int | None
-    """Groups with messages here whose new messages go to another shard: the change is done
-    for this shard when it is 0."""
-    waiting: int | None
-    """Groups moved here, held until their old shard has delivered their messages."""
-    dead: int | None
-    schedules_elsewhere: int | None
-    """Schedules here whose group lives on another shard (moved when next due)."""
 
 
 def check_shard_name(name: object) -> str:
@@ -199,28 +208,11 @@ def scoped_dedup_id(group_id: str, dedup_id: str) -> str:
     return "g:" + hashlib.blake2b(key, digest_size=16).hexdigest()
 
 
-def unpack_item(item: PublishItem) -> dict[str, Any]:
-    """A publish_many item as a mapping (the shapes `publish_many` takes); the core checks the
-    values."""
-    if isinstance(item, Mapping):
-        return dict(item)
-    if isinstance(item, tuple) and len(item) in (2, 3):
-        unpacked: dict[str, Any] = {"group_id": item[0], "event": item[1]}
-        if len(item) == 3:
-            unpacked["priority"] = item[2]
-        return unpacked
-    raise InvalidArgument(
-        "a publish_many item is (group_id, event), (group_id, event, priority) or a mapping"
-    )
-
-
-def split_by_shard(
-    items: Sequence[dict[str, Any]], shard_of: Callable[[str], str]
-) -> dict[str, list[int]]:
+def split_by_shard(items: Sequence[T], shard_of: Callable[[T], str]) -> dict[str, list[int]]:
     """Which items (by index) go to which shard, in their order."""
     parts: dict[str, list[int]] = {}
     for index, item in enumerate(items):
-        parts.setdefault(shard_of(item["group_id"]), []).append(index)
+        parts.setdefault(shard_of(item), []).append(index)
     return parts
 
 
@@ -302,16 +294,51 @@ def merge_sorted(pages: Iterable[Sequence[T]], key: Callable[[T], Any], limit: i
     return merged[:limit]
 
 
+# How the shard router combines what each answering shard said (`down`: the shards that did
+# not answer). One cluster's answer is used as it is.
+
+
+def stats_of(results: Mapping[str, Stats], down: Sequence[str]) -> Stats:
+    merged = merge_stats(results.values())
+    depths = {name: stats.depth for name, stats in results.items()}
+    return dataclasses.replace(merged, shards_down=tuple(down), by_shard=depths)
+
+
+def probe_of(results: Mapping[str, Probe], down: Sequence[str]) -> Probe:
+    return merge_probes(results.values())
+
+
+def schedules_of(results: Mapping[str, list[Schedule]], down: Sequence[str]) -> list[Schedule]:
+    return sorted((s for found in results.values() for s in found), key=lambda s: s.name)
+
+
+def groups_of(limit: int) -> Callable[[Mapping[str, list[GroupInfo]], Sequence[str]], Any]:
+    def merge(results: Mapping[str, list[GroupInfo]], down: Sequence[str]) -> list[GroupInfo]:
+        pages = [
+            [dataclasses.replace(i, shard=name) for i in page] for name, page in results.items()
+        ]
+        return merge_sorted(pages, key=lambda info: info.group_id, limit=limit)
+
+    return merge
+
+
+def dead_letters_of(limit: int) -> Callable[[Mapping[str, list[DeadLetter]], Sequence[str]], Any]:
+    def merge(results: Mapping[str, list[DeadLetter]], down: Sequence[str]) -> list[DeadLetter]:
+        pages = [
+            [dataclasses.replace(d, shard=name) for d in page] for name, page in results.items()
+        ]
+        return merge_sorted(pages, key=lambda d: (d.dead_at, d.shard, d.seq), limit=limit)
+
+    return merge
+
+
 class Health:
     """Which shards are down: a shard whose call failed as unavailable is skipped by claims and
-    refused at once for publishes until a background probe finds it answering again. Pure: the
-    caller gives the time."""
-
-    FIRST_RETRY = 0.5
-    MAX_RETRY = 5.0
+    refused at once for publishes until a background probe finds it answering again (probes
+    back off as `retry.PROBE`). Pure: the caller gives the time."""
 
     def __init__(self) -> None:
-        self._down: dict[str, tuple[float, float, float]] = {}  # name -> (since, retry_at, wait)
+        self._down: dict[str, tuple[float, float, int]] = {}  # name -> (since, retry_at, failures)
 
     def is_down(self, name: str) -> bool:
         return name in self._down
@@ -325,9 +352,8 @@ class Health:
 
     def failed(self, name: str, now: float) -> None:
         """A call (or a probe) found the shard unavailable: retry after a growing wait."""
-        since, _, wait = self._down.get(name, (now, now, 0.0))
-        wait = min(self.MAX_RETRY, max(self.FIRST_RETRY, wait * 2))
-        self._down[name] = (since, now + wait, wait)
+        since, _, failures = self._down.get(name, (now, now, 0))
+        self._down[name] = (since, now + PROBE.delay(failures + 1), failures + 1)
 
     def recovered(self, name: str) -> None:
         self._down.pop(name, None)
@@ -338,3 +364,124 @@ class Health:
 
     def next_retry(self) -> float | None:
         return min((retry_at for _, retry_at, _ in self._down.values()), default=None)
+
+
+class ShardHealth:
+    """Which shards answer, as one client sees them: a shard whose call failed as unavailable
+    is `refused` (its groups' calls fail at once with `ShardDown`, claims skip it); one whose
+    claim round did not answer in time is `skipped` by claims (publishes still try it). Both
+    are probed in the background (`due`) until they answer. Pure: the caller gives the time."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.names = list(names)
+        self.refused = Health()
+        self.skipped = Health()
+
+    def live(self) -> list[str]:
+        return [name for name in self.names if not self.refused.is_down(name)]
+
+    def claimable(self) -> list[str]:
+        return [name for name in self.live() if not self.skipped.is_down(name)]
+
+    def down(self) -> list[str]:
+        return sorted({*self.refused.down(), *self.skipped.down()})
+
+    def check_up(self, name: str, now: float, leases: bool = False) -> None:
+        """`ShardDown` if the shard is refused; with `leases` (calls on leases) also if it is
+        skipped by claims: a lease call must not hold its caller for a deadline."""
+        since = self.refused.since(name)
+        if since is None and leases:
+            since = self.skipped.since(name)
+        if since is not None:
+            raise ShardDown(
+                f"shard {name!r} has not answered for {now - since:.1f}s (probed in the "
+                "background); its groups are unavailable until it answers"
+            )
+
+    def failed(self, name: str, now: float, *, claims: bool = False) -> None:
+        (self.skipped if claims else self.refused).failed(name, now)
+
+    def due(self, now: float) -> list[str]:
+        return sorted({*self.refused.due(now), *self.skipped.due(now)})
+
+    def probed(self, name: str, now: float, answered: bool) -> None:
+        for health in (self.refused, self.skipped):
+            if answered:
+                health.recovered(name)
+            elif health.is_down(name):
+                health.failed(name, now)
+
+    def next_probe(self) -> float | None:
+        retries = [r for h in (self.refused, self.skipped) if (r := h.next_retry()) is not None]
+        return min(retries, default=None)
+
+
+# ------------------------------------------------------------------ a round over shards
+
+
+def split_round(
+    checked: CheckedRound, shard_of: Callable[[Lease], str]
+) -> dict[str, list[Settlement]]:
+    """The round's settlements by the shard of their lease, in their order."""
+    parts: dict[str, list[Settlement]] = {}
+    for s in checked.settlements:
+        parts.setdefault(shard_of(s.lease), []).append(s)
+    return parts
+
+
+def finished_on(
+    checked: CheckedRound, shard_of: Callable[[Lease], str], shards: Iterable[str]
+) -> list[Lease]:
+    """The acked and dead-lettered leases of these shards (those that answered)."""
+    answered = set(shards)
+    return [
+        s.lease for s in checked.settlements if s.kind == FINISH and shard_of(s.lease) in answered
+    ]
+
+
+def merge_rounds(
+    checked: CheckedRound, rounds: Mapping[str, Round], unsettled: Sequence[Settlement]
+) -> Round:
+    """The shards' rounds as one: leases tagged with their shard, the lost in the order given."""
+
+    def tagged(name: str, leases: Iterable[Lease]) -> list[Lease]:
+        return [dataclasses.replace(lease, shard=name) for lease in leases]
+
+    return Round(
+        leases=[lease for n, r in rounds.items() for lease in tagged(n, r.leases)],
+        lost=in_given_order(checked.leases, [r.lost for r in rounds.values()]),
+        extended=[lease for n, r in rounds.items() for lease in tagged(n, r.extended)],
+        unsettled=[s.lease for s in sorted(unsettled, key=lambda s: s.index)],
+    )
+
+
+def status_of(
+    name: str,
+    shard_list: ShardList,
+    stats: Stats,
+    epoch: int,
+    leaving: int,
+    schedules: Iterable[Schedule],
+    waiting: int,
+) -> ShardStatus:
+    """A shard as a change of the shard list sees it, from what it answered."""
+    return ShardStatus(
+        name,
+        shard_list.state(name),
+        True,
+        epoch,
+        stats.depth,
+        stats.groups,
+        leaving,
+        waiting,
+        stats.dead,
+        sum(1 for s in schedules if shard_list.shard_of(s.group_id) != name),
+    )
+
+
+def status_unknown(name: str, shard_list: ShardList) -> ShardStatus:
+    """A shard that did not answer."""
+    none = None
+    return ShardStatus(
+        name, shard_list.state(name), False, none, none, none, none, none, none, none
+    )

@@ -51,11 +51,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..types import MAX_PRIORITY
+
 SCHEMA_VERSION = 2
 RETIRE_WINDOW = 300.0
 PAUSED_UNTIL = 1e15
 """The expiry of the pause row of `claims`: far beyond any time, so pruning never drops it."""
-MAX_PRIORITY = 4
 QUEUE_NAME = re.compile(r"[a-z0-9_]{1,40}")
 
 Params = Mapping[str, Any] | Sequence[Any]
@@ -624,6 +625,19 @@ def round_trip(
     return b.build()
 
 
+def round_trips(
+    n: Names, *, now: float, settle: Settle, claim: Claim | None, prune: bool
+) -> tuple[Batch, Batch]:
+    """The round's batch to send first (the `RETURNING` form where it can be), and the one to
+    send again after an unknown outcome (the `SELECT` form: it finds what the token took).
+    rqlite drops the `RETURNING` rows of statements its own parser refuses: `returned_nothing`
+    tells, and the caller then reads its leases with the resend."""
+    first = round_trip(n, now=now, settle=settle, claim=claim, prune=prune, returning=True)
+    if not first.returning:
+        return first, first
+    return first, round_trip(n, now=now, settle=settle, claim=claim, prune=prune)
+
+
 def _settle(b: _Builder, n: Names, s: Settle, now: float) -> None:
     if s.count > 1:
         # Which settlements do not hold (before any of them changes anything).
@@ -845,8 +859,6 @@ def release(n: Names, group_id: str) -> Batch:
     )
     return b.build()
 
-
-GROUP_STATES = ("ready", "leased", "parked", "delayed", "held")
 
 # A group's state for operators: `held` first (whatever else holds), then its lease, park or
 # delayed head while not over (a lapsed one is `ready`: the next claim takes it).

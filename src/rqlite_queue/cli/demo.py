@@ -1,6 +1,6 @@
 """The main job: a small, noisy workload that shows the queue keeping its promises.
 
-`python -m rqlite_queue.demo` (or `make demo`) publishes a few hundred messages into many
+`rqlite-queue demo` (or `make demo`) publishes a few hundred messages into many
 groups with mixed priorities, then runs worker threads against them:
 
 - one worker "crashes" once: it claims a message and abandons it without acking; the lease
@@ -37,11 +37,9 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
-from ._sync.transport import Transport
-from .errors import LeaseLost
-from .lease import Lease
-from .rqlited import RqlitedNotFound, find_rqlited
-from .testing.cluster import Cluster
+from .. import Lease, LeaseLost, Transport
+from ..local_cluster import Cluster
+from ..rqlited import RqlitedNotFound, find_rqlited
 
 VISIBILITY = 2.0
 """Lease length: short, so the abandoned lease lapses quickly."""
@@ -562,7 +560,7 @@ def report(
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m rqlite_queue.demo",
+        prog="rqlite-queue demo",
         description="Run a noisy workload on the queue and report what held.",
     )
     p.add_argument(

@@ -7,8 +7,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from .errors import InvalidArgument
-from .lease import Lease
+from ..errors import InvalidArgument
+from ..types import Lease
+from .retry import Backoff
 
 
 class Park(Exception):
@@ -19,24 +20,6 @@ class Park(Exception):
     def __init__(self, delay: float, reason: str = "") -> None:
         super().__init__(reason or f"parked for {delay:g}s")
         self.delay = delay
-
-
-@dataclass(frozen=True, slots=True)
-class Backoff:
-    """Exponential backoff with jitter: `base * 2**(attempts-1)`, at most `cap`, minus up to
-    `jitter` of itself at random (so retries of many groups spread out)."""
-
-    base: float = 1.0
-    cap: float = 300.0
-    jitter: float = 0.5
-
-    def __post_init__(self) -> None:
-        if self.base <= 0 or self.cap < self.base or not 0 <= self.jitter <= 1:
-            raise InvalidArgument("backoff needs base > 0, cap >= base, 0 <= jitter <= 1")
-
-    def delay(self, attempts: int, rng: random.Random | None = None) -> float:
-        raw = min(self.cap, self.base * 2.0 ** max(0, attempts - 1))
-        return float(raw * (1 - self.jitter * (rng or random).random()))
 
 
 @dataclass(frozen=True, slots=True)

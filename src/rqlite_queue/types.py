@@ -1,9 +1,22 @@
-"""What `claim` hands out."""
+"""The values the queue hands out and takes: leases, dead letters, schedules, snapshots, what a
+round did, the shape of a `publish_many` item, and the limits callers check against."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+MAX_PRIORITY = 4
+"""Priorities are 0 (the default) to 4."""
+MAX_BATCH = 10_000
+"""Most messages claimed, settled, listed, or named by seq in one call."""
+GROUP_STATES = ("ready", "leased", "parked", "delayed", "held")
+"""The values of `GroupInfo.state` (and of `groups(state=...)`)."""
+
+PublishItem = tuple[str, Any] | tuple[str, Any, int] | Mapping[str, Any]
+"""`(group_id, event)`, `(group_id, event, priority)`, or a mapping with those keys (and
+optionally `dedup_id`, `delay`, `not_before`, `ttl`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,3 +128,65 @@ class Schedule:
     """After a stretch with no worker running: True, one message per missed tick; False (the
     default), one message for them all."""
     next_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Round:
+    """What `settle_and_claim` did: the new leases, the settlements whose lease no longer held
+    (they changed nothing), and the extended leases (with their new deadline)."""
+
+    leases: list[Lease] = field(default_factory=list)
+    lost: list[Lease] = field(default_factory=list)
+    extended: list[Lease] = field(default_factory=list)
+    expired: list[Lease] = field(default_factory=list)
+    """Leases taken on messages whose ttl had passed: not to be handled, but dead-lettered
+    (the transport does that before it returns)."""
+    unsettled: list[Lease] = field(default_factory=list)
+    """Settlements and extensions whose shard did not answer (a sharded transport's; on one
+    cluster the call raises instead): not known to be applied, to be sent again."""
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """A look at the queue without a Raft round: is a group claimable now, when does the
+    earliest lease, park or delayed head end (None: none), when is the next schedule due."""
+
+    claimable: bool
+    next_due: float | None
+    next_tick: float | None = None
+    """When the earliest schedule is due (None: no schedule)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ShardStatus:
+    """One shard, as `shard_status()` reports it during a change of the shard list (None:
+    the shard did not answer)."""
+
+    name: str
+    state: str
+    up: bool
+    epoch: int | None
+    """The shard list epoch this shard has been given (by the publishes of clients)."""
+    depth: int | None
+    groups: int | None
+    leaving: int | None
+    """Groups with messages here whose new messages go to another shard: the change is done
+    for this shard when it is 0."""
+    waiting: int | None
+    """Groups moved here, held until their old shard has delivered their messages."""
+    dead: int | None
+    schedules_elsewhere: int | None
+    """Schedules here whose group lives on another shard (moved when next due)."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """One rqlite node behind a queue, as `nodes()` reports it (a sharded queue's are named
+    `shard/node`)."""
+
+    node_id: str
+    api_addr: str
+    reachable: bool
+    leader: bool
+    applied_index: int | None
+    """The last Raft log entry this node has applied (None: unknown, it did not answer)."""

@@ -13,8 +13,8 @@ import sqlite3
 import threading
 import time
 
-from .errors import BackendError, TransportClosed, Unavailable
-from .sql import Batch, Result
+from .._protocol.sql import Batch, Result
+from ..errors import BackendError, TransportClosed, Unavailable
 
 MIN_SQLITE = (3, 35, 0)
 """UPDATE ... FROM (3.33), the JSON functions, and a planner that uses the partial indexes."""

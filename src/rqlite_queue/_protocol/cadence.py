@@ -9,8 +9,8 @@ from datetime import UTC, datetime
 
 from cronsim import CronSim, CronSimError
 
+from ..errors import InvalidArgument
 from .checks import check_seconds
-from .errors import InvalidArgument
 
 MAX_CATCH_UP = 1000
 """Most missed ticks published at once by a schedule that catches up on each of them."""

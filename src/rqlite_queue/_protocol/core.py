@@ -1,6 +1,6 @@
 """The queue's logic without I/O: each operation checks its input, then returns a `Plan`: the
-`Batch` to run (built in `sql`) and how to read its results. The sync, async and embedded
-transports run plans and nothing else.
+`Batch` to run (built in `sql`) and how to read its results. The backends run plans and
+nothing else; routers decide which cluster runs them.
 
 Deterministic, like h11: the clock, the lease tokens and the coin that decides when to prune
 are given to it (`QueueCore(clock=..., token=..., chance=...)`); nothing here reads the time,
@@ -8,10 +8,36 @@ draws a random number or touches a socket, so every plan can be tested on canned
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from ..codec import Codec, as_codec
+from ..errors import (
+    ClockSkew,
+    DecodeError,
+    EncodeError,
+    InvalidArgument,
+    LeaseLost,
+    OutcomeUnknown,
+    PayloadTooLarge,
+    QueueError,
+    SchemaError,
+    TransportClosed,
+)
+from ..types import (
+    GROUP_STATES,
+    MAX_BATCH,
+    MAX_PRIORITY,
+    DeadLetter,
+    GroupInfo,
+    Lease,
+    Probe,
+    Round,
+    Schedule,
+    Stats,
+)
 from . import sql
 from .cadence import check_cadence, missed, next_after
 from .checks import (
@@ -24,20 +50,18 @@ from .checks import (
     check_text,
     show,
 )
-from .codec import Codec, as_codec
-from .errors import (
-    ClockSkew,
-    DecodeError,
-    EncodeError,
-    InvalidArgument,
-    LeaseLost,
-    OutcomeUnknown,
-    PayloadTooLarge,
-    QueueError,
-    SchemaError,
-    TransportClosed,
+from .params import (
+    EXTEND,
+    FINISH,
+    GIVE_BACK,
+    CheckedRound,
+    Message,
+    RoundSpec,
+    ScheduleSpec,
+    Settlement,
+    at_index,
 )
-from .lease import DeadLetter, GroupInfo, Lease, Schedule, Stats
+from .sharding import scoped_dedup_id
 
 T = TypeVar("T")
 
@@ -48,10 +72,6 @@ DEFAULT_MAX_SKEW = 0.25
 than this fraction of the lease's visibility from the cluster's (None: never; for a clock of
 the caller's own, such as a test's fake clock)."""
 MAX_REASON_BYTES = 64 * 1024
-MAX_BATCH = 10_000
-"""Most messages claimed, settled, listed, or named by seq in one call."""
-MAX_PUBLISH = 100_000
-"""Most messages in one publish_many."""
 TOKEN_SUFFIX_BYTES = 64
 """A lease token is its worker id, ':' and a random part of at most this many bytes."""
 EXPIRED = "expired"
@@ -71,42 +91,13 @@ class Plan(Generic[T]):
     so the batch is not sent again."""
     replay_batch: sql.Batch | None = None
     """What to send again, if not `batch` itself."""
-
-
-PublishItem = tuple[str, Any] | tuple[str, Any, int] | Mapping[str, Any]
-"""`(group_id, event)`, `(group_id, event, priority)`, or a mapping with those keys (and
-optionally `dedup_id`, `delay`, `not_before`, `ttl`)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Round:
-    """What `settle_and_claim` did: the new leases, the settlements whose lease no longer held
-    (they changed nothing), and the extended leases (with their new deadline)."""
-
-    leases: list[Lease] = field(default_factory=list)
-    lost: list[Lease] = field(default_factory=list)
-    extended: list[Lease] = field(default_factory=list)
-    expired: list[Lease] = field(default_factory=list)
-    """Leases taken on messages whose ttl had passed: not to be handled, but dead-lettered
-    (the transport does that before it returns)."""
-    unsettled: list[Lease] = field(default_factory=list)
-    """Settlements and extensions whose shard did not answer (a sharded transport's; on one
-    cluster the call raises instead): not known to be applied, to be sent again."""
-
-
-@dataclass(frozen=True, slots=True)
-class Probe:
-    """A look at the queue without a Raft round: is a group claimable now, when does the
-    earliest lease, park or delayed head end (None: none), when is the next schedule due."""
-
-    claimable: bool
-    next_due: float | None
-    next_tick: float | None = None
-    """When the earliest schedule is due (None: no schedule)."""
+    lease_for: float | None = None
+    """The visibility of the leases this plan takes or extends: the backend that runs it
+    first checks that its cluster's clock is close enough to this client's for them."""
 
 
 class QueueCore:
-    """The pure half of a transport: names, codec, clock, token source, limits."""
+    """The pure half of a queue: names, codec, clock, token source, limits."""
 
     def __init__(
         self,
@@ -119,7 +110,6 @@ class QueueCore:
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         dedup_window: float = DEFAULT_DEDUP_WINDOW,
         dedup_key: Callable[[Any], str | None] | None = None,
-        clock_skew: Callable[[], float] = lambda: 0.0,
         max_skew: float | None = DEFAULT_MAX_SKEW,
     ) -> None:
         if not isinstance(queue, str) or not sql.QUEUE_NAME.fullmatch(queue):
@@ -136,13 +126,6 @@ class QueueCore:
             self.codec = as_codec(codec)
         except TypeError as exc:
             raise InvalidArgument(str(exc)) from None
-        self.names = sql.Names.of(queue)
-        self.clock = clock
-        self.token = token
-        self.chance = chance
-        self.max_payload_bytes = max_payload_bytes
-        self.dedup_window = float(dedup_window)
-        self.dedup_key = dedup_key
         if max_skew is not None and (
             isinstance(max_skew, bool)
             or not isinstance(max_skew, int | float)
@@ -152,7 +135,13 @@ class QueueCore:
                 f"max_skew must be a fraction of visibility in [0, 1], or None; got "
                 f"{show(max_skew)}"
             )
-        self.clock_skew = clock_skew
+        self.names = sql.Names.of(queue)
+        self.clock = clock
+        self.token = token
+        self.chance = chance
+        self.max_payload_bytes = max_payload_bytes
+        self.dedup_window = float(dedup_window)
+        self.dedup_key = dedup_key
         self.max_skew = max_skew
         self.closed = False
 
@@ -160,6 +149,22 @@ class QueueCore:
         if self.closed:
             raise TransportClosed(f"queue {self.names.queue!r}: the transport is closed")
         return self.clock()
+
+    def check_open(self) -> None:
+        self._now()
+
+    def check_skew(self, skew: float, visibility: float) -> None:
+        """`ClockSkew` if a cluster whose clock is `skew` seconds from this client's (signed:
+        theirs minus ours) would see a lease of `visibility` lapse too early or too late."""
+        if self.max_skew is None or abs(skew) <= self.max_skew * visibility:
+            return
+        raise ClockSkew(
+            f"this client's clock is {abs(skew):.1f} s {'behind' if skew > 0 else 'ahead of'} "
+            f"the rqlite node's: a {visibility:g} s lease would look "
+            f"{'lapsed early' if skew > 0 else 'held too long'} to other clients; refusing "
+            f"to lease (the limit is {self.max_skew:g} of the visibility, max_skew). "
+            f"Keep clocks in sync (NTP)"
+        )
 
     # ------------------------------------------------------------------------ setup
 
@@ -182,40 +187,17 @@ class QueueCore:
 
     # ---------------------------------------------------------------------- publish
 
-    def publish(
-        self,
-        group_id: str,
-        event: Any,
-        priority: int = 0,
-        dedup_id: str | None = None,
-        delay: float | None = None,
-        not_before: float | None = None,
-        ttl: float | None = None,
-    ) -> Plan[int]:
-        message = self._message(group_id, event, priority, dedup_id, delay, not_before, ttl)
-        return self._publish([message], lambda seqs: seqs[0])
+    def messages(self, given: Sequence[Message], *, scoped: bool) -> list[sql.NewMessage]:
+        """Check and encode messages to publish. `scoped`: dedup ids are scoped to their
+        group (a sharded queue's: the same id in two groups is two messages)."""
+        now = self._now()
+        return [
+            at_index(index, lambda m: self._message(m, now, scoped), m)
+            for index, m in enumerate(given)
+        ]
 
-    def publish_many(self, items: Iterable[PublishItem]) -> Plan[list[int]]:
-        if isinstance(items, str | bytes | Mapping) or not isinstance(items, Iterable):
-            raise InvalidArgument(f"publish_many takes a list of items, got {show(items)}")
-        items = list(items)
-        if len(items) > MAX_PUBLISH:
-            raise InvalidArgument(f"at most {MAX_PUBLISH} messages per publish_many")
-        messages = [self._item(_unpack(item)) for item in items]
-        return self._publish(messages, lambda seqs: seqs)
-
-    def _item(self, item: dict[str, Any]) -> sql.NewMessage:
-        return self._message(
-            item["group_id"],
-            item["event"],
-            item.get("priority", 0),
-            item.get("dedup_id"),
-            item.get("delay"),
-            item.get("not_before"),
-            item.get("ttl"),
-        )
-
-    def _publish(self, messages: list[sql.NewMessage], pick: Callable[[list[int]], T]) -> Plan[T]:
+    def publish(self, messages: Sequence[sql.NewMessage]) -> Plan[list[int]]:
+        """Publish checked messages atomically; the plan reads their seqs, in order."""
         now = self._now()
         # A dedup id repeated within one batch is one message: its repeats get its seq.
         unique: list[sql.NewMessage] = []
@@ -237,43 +219,45 @@ class QueueCore:
             prune_before=now - self.dedup_window if prune else None,
         )
 
-        def read(reply: sql.Reply) -> T:
+        def read(reply: sql.Reply) -> list[int]:
             seqs = dict(zip(map(id, unique), sql.read_published(reply, unique), strict=True))
             by_dedup = {m.dedup_id: seqs[id(m)] for m in unique if m.dedup_id is not None}
-            return pick(
-                [seqs[id(m)] if m.dedup_id is None else by_dedup[m.dedup_id] for m in messages]
-            )
+            return [seqs[id(m)] if m.dedup_id is None else by_dedup[m.dedup_id] for m in messages]
 
         # Only dedup ids make a second send harmless: it then finds the ids and inserts nothing.
         every_message_deduplicated = all(m.dedup_id is not None for m in messages)
         return Plan(batch, read, read if every_message_deduplicated else None)
 
-    def _message(
-        self,
-        group_id: str,
-        event: Any,
-        priority: int,
-        dedup_id: str | None,
-        delay: float | None = None,
-        not_before: float | None = None,
-        ttl: float | None = None,
-    ) -> sql.NewMessage:
-        check_id(group_id, "group_id")
-        check_int(priority, "priority", 0, sql.MAX_PRIORITY)
-        now = self._now()
+    def _message(self, m: Message, now: float, scoped: bool) -> sql.NewMessage:
+        check_id(m.group_id, "group_id")
+        check_int(m.priority, "priority", 0, MAX_PRIORITY)
         due = 0.0
-        if delay is not None and not_before is not None:
+        if m.delay is not None and m.not_before is not None:
             raise InvalidArgument("give delay= or not_before=, not both")
-        if delay is not None:
-            check_seconds(delay, "delay", allow_zero=True)
-            due = now + delay if delay > 0 else 0.0
-        if not_before is not None:
-            check_seconds(not_before, "not_before", allow_zero=True, high=now + MAX_SECONDS)
-            due = float(not_before) if not_before > now else 0.0
+        if m.delay is not None:
+            check_seconds(m.delay, "delay", allow_zero=True)
+            due = now + m.delay if m.delay > 0 else 0.0
+        if m.not_before is not None:
+            check_seconds(m.not_before, "not_before", allow_zero=True, high=now + MAX_SECONDS)
+            due = float(m.not_before) if m.not_before > now else 0.0
         expires = None
-        if ttl is not None:
-            check_seconds(ttl, "ttl", allow_zero=False)
-            expires = now + ttl
+        if m.ttl is not None:
+            check_seconds(m.ttl, "ttl", allow_zero=False)
+            expires = now + m.ttl
+        text = self._encode(m.event)
+        dedup_id = m.dedup_id
+        if dedup_id is None and self.dedup_key is not None:
+            try:
+                dedup_id = self.dedup_key(m.event)
+            except Exception as exc:
+                raise InvalidArgument(f"dedup_key failed on this event: {exc!r}") from exc
+        if dedup_id is not None:
+            check_id(dedup_id, "dedup_id")
+            if scoped:
+                dedup_id = scoped_dedup_id(m.group_id, dedup_id)
+        return sql.NewMessage(m.group_id, text, m.priority, dedup_id, due, expires)
+
+    def _encode(self, event: Any) -> str:
         try:
             text = self.codec.encode(event)
         except QueueError:
@@ -292,82 +276,96 @@ class QueueCore:
             raise PayloadTooLarge(
                 f"payload is {size} bytes encoded; the limit is {self.max_payload_bytes}"
             )
-        if dedup_id is None and self.dedup_key is not None:
-            try:
-                dedup_id = self.dedup_key(event)
-            except Exception as exc:
-                raise InvalidArgument(f"dedup_key failed on this event: {exc!r}") from exc
-        if dedup_id is not None:
-            check_id(dedup_id, "dedup_id")
-        return sql.NewMessage(group_id, text, priority, dedup_id, due, expires)
+        return text
 
     # ------------------------------------------------------------- settle, then claim
 
-    def round(
-        self,
-        *,
-        worker_id: str | None = None,
-        visibility: float = 30.0,
-        n: int = 0,
-        min_priority: int = 0,
-        ack: Sequence[Lease] = (),
-        nack: Sequence[tuple[Lease, float]] = (),
-        extend: Sequence[Lease] = (),
-        dead: Sequence[tuple[Lease, str]] = (),
-        hold_dead: bool = False,
-        expired: Sequence[Lease] = (),
-    ) -> Plan[Round]:
-        """Settle leases and claim up to `n` new ones, in one transaction (see `sql.round_trip`).
-        `expired`: leases on messages whose ttl passed, dead-lettered with reason `expired`.
-
-        Resending after an unknown outcome is safe: the claim returns what the first send took
-        (same token); settlements are at-least-once (a resend that finds its lease gone, most
-        likely because the first send applied, does not report it lost)."""
-        check_int(n, "n", 0, MAX_BATCH)
-        check_int(min_priority, "min_priority", 0, sql.MAX_PRIORITY)
-        check_seconds(visibility, "visibility", allow_zero=False)
-        check_bool(hold_dead, "hold_dead")
-        if worker_id is not None or n:
-            check_id(worker_id, "worker_id")
-        plan = _Settlements()
-        for lease in _items(ack, "ack"):
-            plan.add(lease, "finish")
-        for pair in _items(dead, "dead"):
+    def check_round(self, spec: RoundSpec) -> CheckedRound:
+        """Every argument of a round, checked once, before anything is sent anywhere."""
+        check_int(spec.n, "n", 0, MAX_BATCH)
+        check_int(spec.min_priority, "min_priority", 0, MAX_PRIORITY)
+        check_seconds(spec.visibility, "visibility", allow_zero=False)
+        check_bool(spec.hold_dead, "hold_dead")
+        if spec.worker_id is not None or spec.n:
+            check_id(spec.worker_id, "worker_id")
+        given: list[tuple[Lease, str, str | None, float, bool]] = []
+        given += [(lease, FINISH, None, 0.0, False) for lease in _items(spec.ack, "ack")]
+        for pair in _items(spec.dead, "dead"):
             lease, reason = _pair(pair, "dead")
-            plan.add(lease, "finish", reason=_reason(reason))
-        for nack_pair in _items(nack, "nack"):
+            given.append((lease, FINISH, _reason(reason), 0.0, False))
+        for nack_pair in _items(spec.nack, "nack"):
             lease, delay = _pair(nack_pair, "nack")
             check_seconds(delay, "delay", allow_zero=True)
-            plan.add(lease, "give_back", delay=float(delay))
-        for lease in _items(extend, "extend"):
-            plan.add(lease, "extend")
-        for lease in _items(expired, "expired"):
-            plan.add(lease, "finish", reason=EXPIRED)
-        plan.expired = len(expired)
-        if plan.count > MAX_BATCH:
+            given.append((lease, GIVE_BACK, None, float(delay), False))
+        given += [(lease, EXTEND, None, 0.0, False) for lease in _items(spec.extend, "extend")]
+        given += [(lease, FINISH, EXPIRED, 0.0, True) for lease in _items(spec.expired, "expired")]
+        if len(given) > MAX_BATCH:
             raise InvalidArgument(f"at most {MAX_BATCH} leases settled per call")
-        now = self._now()
-        if n or plan.extend:
-            self._check_skew(visibility)
-        until = now + visibility
-        token = f"{worker_id}:{self.token()}" if n else ""
-        claim = sql.Claim(token, until, n, min_priority) if n else None
-        settle = plan.settle(now, until, hold_dead)
-        prune = bool(settle.finish) and self.chance() < PRUNE_CHANCE
-        batch, resend = (
-            sql.round_trip(
-                self.names, now=now, settle=settle, claim=claim, prune=prune, returning=returning
+        seen: set[tuple[str, str, int]] = set()
+        settlements = []
+        for index, (lease, kind, reason, delay, expired) in enumerate(given):
+            held = _held(lease)
+            key = (held.group_id, held.token, held.seq)
+            settlements.append(
+                Settlement(index, lease, held, kind, reason, delay, key in seen, expired)
             )
-            for returning in (True, False)
+            seen.add(key)
+        self._now()
+        return CheckedRound(
+            spec.worker_id,
+            float(spec.visibility),
+            spec.n,
+            spec.min_priority,
+            spec.hold_dead,
+            tuple(settlements),
         )
 
+    def round(self, checked: CheckedRound) -> Plan[Round]:
+        """Settle leases and claim up to `n` new ones, in one transaction (see `sql.round_trip`).
+
+        Resending after an unknown outcome is safe: the claim returns what the first send took
+        (same token); settlements are at-least-once (a resend that finds a finished or given
+        back lease gone, most likely because the first send applied, does not report it lost;
+        an extension never releases its lease, so one found gone was taken over)."""
+        now = self._now()
+        settling = [s for s in checked.settlements if not s.repeat]
+        extends = [s for s in settling if s.kind == EXTEND]
+        until = now + checked.visibility
+        token = f"{checked.worker_id}:{self.token()}" if checked.n else ""
+        claim = sql.Claim(token, until, checked.n, checked.min_priority) if checked.n else None
+        by_held = {id(s.held): s for s in settling}
+        finish = [s for s in settling if s.kind == FINISH]
+        settle = sql.Settle(
+            finish=[s.held for s in finish],
+            dead={s.held.seq: s.reason for s in finish if s.reason is not None},
+            hold=frozenset(
+                s.held.seq for s in finish if s.reason is not None and checked.hold_dead
+            ),
+            give_back=[
+                (s.held, now + s.delay if s.delay > 0 else 0.0)
+                for s in settling
+                if s.kind == GIVE_BACK
+            ],
+            extend=[s.held for s in extends],
+            extend_until=until,
+            expired=sum(s.expired for s in settling),
+        )
+        prune = bool(settle.finish) and self.chance() < PRUNE_CHANCE
+        batch, resend = sql.round_trips(
+            self.names, now=now, settle=settle, claim=claim, prune=prune
+        )
+        repeats = [s for s in checked.settlements if s.repeat]
+
         def read(reply: sql.Reply, *, replayed: bool = False) -> Round:
-            lost = plan.lost([] if replayed else sql.read_lost(reply, settle))
-            lost_ids = {id(lease) for lease in lost}
             if sql.returned_nothing(reply):
                 # rqlite ran the claim but kept none of its RETURNING rows (its SQL parser did
                 # not take the statement): the resend form reads what the token took.
                 raise OutcomeUnknown("rqlite dropped the rows of a claim's RETURNING")
+            lost_settlements = [by_held[id(h)] for h in sql.read_lost(reply, settle)]
+            if replayed:
+                lost_settlements = [s for s in lost_settlements if s.kind == EXTEND]
+            lost = [s.lease for s in sorted([*lost_settlements, *repeats], key=_by_index)]
+            lost_ids = {id(s) for s in lost_settlements}
             leases: list[Lease] = []
             expired: list[Lease] = []
             read_at = self.clock()
@@ -382,13 +380,18 @@ class QueueCore:
                 expired=expired,
                 lost=lost,
                 extended=[
-                    _with_deadline(plan.lease_of(h), until)
-                    for h in settle.extend
-                    if id(plan.lease_of(h)) not in lost_ids
+                    dataclasses.replace(s.lease, expires_at=until)
+                    for s in extends
+                    if id(s) not in lost_ids
                 ],
             )
 
-        return Plan(batch, read, lambda reply: read(reply, replayed=True), resend)
+        lease_for = checked.visibility if checked.n or extends else None
+        return Plan(batch, read, lambda reply: read(reply, replayed=True), resend, lease_for)
+
+    def round_of(self, spec: RoundSpec) -> Plan[Round]:
+        """`round(check_round(spec))`: the plan of a round on one cluster."""
+        return self.round(self.check_round(spec))
 
     def _decode(self, text: str) -> Any:
         try:
@@ -398,56 +401,12 @@ class QueueCore:
         except Exception as exc:  # a codec's own bug
             raise DecodeError(f"the codec could not decode a stored payload: {show(exc)}") from exc
 
-    def _check_skew(self, visibility: float) -> None:
-        if self.max_skew is None:
-            return
-        skew = self.clock_skew()
-        if abs(skew) > self.max_skew * visibility:
-            raise ClockSkew(
-                f"this client's clock is {abs(skew):.1f} s {'behind' if skew > 0 else 'ahead of'} "
-                f"the rqlite node's: a {visibility:g} s lease would look "
-                f"{'lapsed early' if skew > 0 else 'held too long'} to other clients; refusing "
-                f"to lease (the limit is {self.max_skew:g} of the visibility, max_skew). "
-                f"Keep clocks in sync (NTP)"
-            )
-
-    def claim(self, worker_id: str, visibility: float, n: int, min_priority: int) -> Plan[Round]:
-        check_int(n, "n", 1, MAX_BATCH)
-        return self.round(
-            worker_id=worker_id, visibility=visibility, n=n, min_priority=min_priority
-        )
-
     def probe(self, min_priority: int) -> Plan[Probe]:
-        check_int(min_priority, "min_priority", 0, sql.MAX_PRIORITY)
+        check_int(min_priority, "min_priority", 0, MAX_PRIORITY)
         self._now()
         return Plan(
             sql.probe(self.names, min_priority=min_priority),
             lambda reply: Probe(*sql.read_probe(reply)),
-        )
-
-    # ------------------------------------------------------- calls on a lease (fenced)
-
-    def ack(self, leases: Sequence[Lease]) -> Plan[None]:
-        return _fenced(self.round(ack=_leases(leases)), "ack")
-
-    def nack(self, lease: Lease, delay: float) -> Plan[None]:
-        return _fenced(self.round(nack=[(lease, delay)]), "nack")
-
-    def extend(self, lease: Lease, visibility: float) -> Plan[Lease]:
-        plan = self.round(extend=[lease], visibility=visibility)
-        fenced = _fenced(plan, "extend")
-
-        def read(reply: sql.Reply) -> Lease:
-            fenced.read(reply)
-            return plan.read(reply).extended[0]
-
-        # A resend that finds the lease gone means it was taken over (an extend never
-        # releases it): that is reported, as on a first send.
-        return Plan(plan.batch, read, read)
-
-    def dead_letter(self, lease: Lease, reason: str, hold: bool = False) -> Plan[None]:
-        return _fenced(
-            self.round(dead=[(lease, reason)], hold_dead=check_bool(hold, "hold")), "dead_letter"
         )
 
     # ------------------------------------------------------------------ holds
@@ -474,13 +433,13 @@ class QueueCore:
         limit: int,
         after: str | None,
     ) -> Plan[list[GroupInfo]]:
-        if state is not None and state not in sql.GROUP_STATES:
-            raise InvalidArgument(f"state must be one of {', '.join(sql.GROUP_STATES)} or None")
+        if state is not None and state not in GROUP_STATES:
+            raise InvalidArgument(f"state must be one of {', '.join(GROUP_STATES)} or None")
         if prefix is not None:
             check_id(prefix, "prefix")
         if after is not None:
             check_id(after, "after")
-        check_int(min_priority, "min_priority", 0, sql.MAX_PRIORITY)
+        check_int(min_priority, "min_priority", 0, MAX_PRIORITY)
         check_int(limit, "limit", 1, MAX_BATCH)
         now = self._now()
         batch = sql.list_groups(
@@ -520,7 +479,7 @@ class QueueCore:
 
     def set_priority(self, group_id: str, priority: int) -> Plan[bool]:
         check_id(group_id, "group_id")
-        check_int(priority, "priority", 0, sql.MAX_PRIORITY)
+        check_int(priority, "priority", 0, MAX_PRIORITY)
         self._now()
 
         def read(reply: sql.Reply) -> bool:
@@ -534,29 +493,29 @@ class QueueCore:
 
     # ------------------------------------------------------------------ schedules
 
-    def schedule(
-        self,
-        name: str,
-        group_id: str,
-        event: Any,
-        *,
-        every: float | None = None,
-        cron: str | None = None,
-        priority: int = 0,
-        catch_up: bool = False,
-        start_at: float | None = None,
-    ) -> Plan[Schedule]:
-        check_id(name, "name")
-        check_cadence(every, cron)
-        check_bool(catch_up, "catch_up")
-        message = self._message(group_id, event, priority, None)
+    def schedule(self, spec: ScheduleSpec) -> Plan[Schedule]:
+        check_id(spec.name, "name")
+        check_cadence(spec.every, spec.cron)
+        check_bool(spec.catch_up, "catch_up")
         now = self._now()
-        if start_at is None:
-            first = next_after(now, every=every, cron=cron, anchor=now)
+        message = self._message(
+            Message(group_id=spec.group_id, event=spec.event, priority=spec.priority), now, False
+        )
+        if spec.start_at is None:
+            first = next_after(now, every=spec.every, cron=spec.cron, anchor=now)
         else:
-            check_seconds(start_at, "start_at", allow_zero=True, high=now + MAX_SECONDS)
-            first = float(start_at)
-        row = sql.ScheduleRow(name, group_id, message.event, priority, every, cron, catch_up, first)
+            check_seconds(spec.start_at, "start_at", allow_zero=True, high=now + MAX_SECONDS)
+            first = float(spec.start_at)
+        row = sql.ScheduleRow(
+            spec.name,
+            spec.group_id,
+            message.event,
+            spec.priority,
+            spec.every,
+            spec.cron,
+            spec.catch_up,
+            first,
+        )
         schedule = self._schedule(row)
         return Plan(
             sql.put_schedule(self.names, row, now=now), lambda r: schedule, lambda r: schedule
@@ -641,11 +600,11 @@ class QueueCore:
         return Plan(sql.list_dead(self.names, limit=limit, group_id=group_id), read)
 
     def requeue_dead(self, seqs: Sequence[int] | None) -> Plan[int]:
-        batch = sql.requeue_dead(self.names, _check_seqs(seqs), now=self._now())
+        batch = sql.requeue_dead(self.names, check_seqs(seqs), now=self._now())
         return Plan(batch, lambda reply: reply["requeued"].rows_affected)
 
     def purge_dead(self, seqs: Sequence[int] | None) -> Plan[int]:
-        checked = _check_seqs(seqs)
+        checked = check_seqs(seqs)
         self._now()
         return Plan(sql.purge_dead(self.names, checked), lambda r: r["purged"].rows_affected)
 
@@ -683,68 +642,44 @@ class QueueCore:
             lambda reply: [(int(r[0]), self._decode(str(r[1]))) for r in reply["messages"].rows],
         )
 
+    # ------------------------------------------------------------ a sharded queue's
 
-class _Settlements:
-    """The leases a round settles, checked, each named once: a lease named again in the same
-    round is settled the first time and reported lost the others (by then it no longer holds)."""
+    def shard_epoch(self) -> Plan[int]:
+        return Plan(sql.shard_epoch(self.names), sql.read_shard_epoch)
 
-    def __init__(self) -> None:
-        self.finish: list[sql.Held] = []
-        self.reasons: dict[int, str] = {}
-        self.give_back: list[tuple[sql.Held, float]] = []
-        self.extend: list[sql.Held] = []
-        self._repeats: list[tuple[int, Lease]] = []
-        self._leases: dict[int, tuple[int, Lease]] = {}
-        self._seen: set[tuple[str, str, int]] = set()
-        self._count = 0
-        self.expired = 0
+    def groups_present(self, group_ids: Sequence[str], epoch: int) -> Plan[set[str]]:
+        batch = sql.groups_present(self.names, group_ids, epoch=epoch)
+        return Plan(batch, sql.read_present, sql.read_present)
 
-    @property
-    def count(self) -> int:
-        return self._count
+    def release_waits(self, group_ids: Sequence[str]) -> Plan[None]:
+        return Plan(sql.release_waits(self.names, group_ids), _nothing)
 
-    def add(self, lease: Lease, kind: str, *, reason: str | None = None, delay: float = 0) -> None:
-        held = _held(lease)
-        key = (held.group_id, held.token, held.seq)
-        self._count += 1
-        if key in self._seen:
-            self._repeats.append((self._count, lease))
-            return
-        self._seen.add(key)
-        self._leases[id(held)] = (self._count, lease)
-        if kind == "finish":
-            self.finish.append(held)
-            if reason is not None:
-                self.reasons[held.seq] = reason
-        elif kind == "give_back":
-            self.give_back.append((held, delay))
-        else:
-            self.extend.append(held)
+    def waiting_groups(self, limit: int) -> Plan[list[str]]:
+        return Plan(sql.waiting_groups(self.names, limit=limit), sql.read_waiting)
 
-    def lease_of(self, held: sql.Held) -> Lease:
-        return self._leases[id(held)][1]
-
-    def lost(self, held: Sequence[sql.Held]) -> list[Lease]:
-        """The leases of these settlements, and the repeats, in the order they were given."""
-        found = [self._leases[id(h)] for h in held] + self._repeats
-        return [lease for _, lease in sorted(found, key=lambda pair: pair[0])]
-
-    def settle(self, now: float, until: float, hold_dead: bool) -> sql.Settle:
-        return sql.Settle(
-            finish=self.finish,
-            dead=self.reasons,
-            hold=frozenset(self.reasons) if hold_dead else frozenset(),
-            give_back=[(h, now + delay if delay > 0 else 0.0) for h, delay in self.give_back],
-            extend=self.extend,
-            extend_until=until,
-            expired=self.expired,
+    def guarded(self, plan: Plan[T], epoch: int, held: Sequence[str] = ()) -> Plan[T]:
+        """`plan` behind the shard list's epoch (`sql.epoch_guards`); the groups in `held`
+        wait on this shard until their old shard has delivered their messages."""
+        guards = [*sql.epoch_guards(self.names, epoch=epoch)]
+        if held:
+            guards.append(sql.wait_for_old_shard(self.names, held))
+        return dataclasses.replace(
+            plan,
+            batch=sql.guarded(plan.batch, guards),
+            replay_batch=None
+            if plan.replay_batch is None
+            else sql.guarded(plan.replay_batch, guards),
         )
+
+    def is_stale_epoch(self, error: QueueError) -> bool:
+        """Whether a guarded batch failed because its shard has a newer shard list."""
+        return sql.STALE_EPOCH_ERROR.format(meta=self.names.meta) in str(error)
 
 
 # ------------------------------------------------------------------------ checks
 
 
-def _check_seqs(seqs: Sequence[int] | None) -> list[int] | None:
+def check_seqs(seqs: Sequence[int] | None) -> list[int] | None:
     if seqs is None:
         return None
     if not isinstance(seqs, list | tuple | range):
@@ -755,6 +690,19 @@ def _check_seqs(seqs: Sequence[int] | None) -> list[int] | None:
     for s in seqs:
         check_int(s, "seq", 1, 2**63 - 1)
     return seqs
+
+
+def lease_lost(leases: Sequence[Lease], call: str) -> LeaseLost:
+    """The `LeaseLost` of a call whose settlements of these leases no longer held."""
+    which = ", ".join(f"{show(lease.group_id)}#{lease.seq}" for lease in leases[:10])
+    if len(leases) > 10:
+        which += f" and {len(leases) - 10} more"
+    return LeaseLost(
+        f"{call}: lease no longer holds its group ({which}): it lapsed and was claimed by "
+        f"another worker, or was already acked, nacked or dead-lettered, or its group was "
+        f"cancelled",
+        leases,
+    )
 
 
 def _prefix_end(prefix: str) -> str | None:
@@ -798,62 +746,15 @@ def _items(value: object, what: str) -> list[Any]:
     return list(value)
 
 
-def _leases(leases: Iterable[Lease]) -> list[Lease]:
-    return _items(leases, "leases")
-
-
 def _pair(pair: object, what: str) -> tuple[Lease, Any]:
     if not isinstance(pair, tuple) or len(pair) != 2:
         raise InvalidArgument(f"{what} items are (lease, value) pairs, got {show(pair)}")
     return pair[0], pair[1]
 
 
-def _with_deadline(lease: Lease, until: float) -> Lease:
-    return Lease(lease.seq, lease.group_id, lease.event, lease.token, lease.attempts, until)
+def _by_index(settlement: Settlement) -> int:
+    return settlement.index
 
 
 def _nothing(reply: sql.Reply) -> None:
     return None
-
-
-def _fenced(plan: Plan[Round], call: str) -> Plan[None]:
-    """A settle-only round that raises `LeaseLost` for the leases that no longer held. A
-    resend reports success: if the lease no longer holds, the likeliest cause is that the
-    first send did apply; if it did not, the group was taken over and its message will be
-    handled by the new holder. Either way the caller's part is over (at-least-once)."""
-
-    def read(reply: sql.Reply) -> None:
-        lost = plan.read(reply).lost
-        if lost:
-            raise LeaseLost(_lost_message(lost, call), lost)
-
-    return Plan(plan.batch, read, _nothing)
-
-
-def _lost_message(leases: Sequence[Lease], call: str) -> str:
-    which = ", ".join(f"{show(lease.group_id)}#{lease.seq}" for lease in leases[:10])
-    if len(leases) > 10:
-        which += f" and {len(leases) - 10} more"
-    return (
-        f"{call}: lease no longer holds its group ({which}): it lapsed and was claimed by "
-        f"another worker, or was already acked, nacked or dead-lettered, or its group was "
-        f"cancelled"
-    )
-
-
-_ITEM_KEYS = {"group_id", "event", "priority", "dedup_id", "delay", "not_before", "ttl"}
-
-
-def _unpack(item: PublishItem) -> dict[str, Any]:
-    if isinstance(item, Mapping):
-        unknown = set(item) - _ITEM_KEYS
-        if unknown or "group_id" not in item or "event" not in item:
-            raise InvalidArgument(
-                f"publish item needs group_id and event (and optionally "
-                f"{', '.join(sorted(_ITEM_KEYS - {'group_id', 'event'}))}), got keys "
-                f"{show(sorted(map(str, item)))}"
-            )
-        return dict(item)
-    if isinstance(item, tuple) and len(item) in (2, 3):
-        return {"group_id": item[0], "event": item[1], "priority": item[2] if len(item) == 3 else 0}
-    raise InvalidArgument(f"publish item must be (group_id, event[, priority]), got {show(item)}")

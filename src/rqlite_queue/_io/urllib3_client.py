@@ -3,17 +3,26 @@ client CPU per request of the sync clients measured in `bench/http_clients.py`."
 
 from __future__ import annotations
 
+import json
 import ssl
 import time
 from collections.abc import Callable
+from typing import Any
 
 import urllib3
-from urllib3.exceptions import ConnectTimeoutError, HTTPError, NewConnectionError
+from urllib3.exceptions import ConnectTimeoutError, HTTPError, NewConnectionError, SSLError
 
-from ._sync.rqlite_client import RqliteClient
-from .rqlite_http import Endpoints, NoReply, NotSent, Outcome, Reply, Send, request_headers
-
-POOL_SIZE = 32
+from .._protocol.http import (
+    POOL_SIZE,
+    Endpoints,
+    HttpReply,
+    NoReply,
+    NotSent,
+    Outcome,
+    Send,
+    request_headers,
+)
+from .._sync.rqlite_client import RqliteClient
 
 
 class Urllib3Client(RqliteClient):
@@ -35,6 +44,9 @@ class Urllib3Client(RqliteClient):
                 context.check_hostname = False
                 context.verify_mode = ssl.CERT_NONE
             tls["ssl_context"] = context
+        self._manager = urllib3.PoolManager(
+            num_pools=4, maxsize=2, ssl_context=tls.get("ssl_context")
+        )
         self._pools = [
             urllib3.connection_from_url(url, maxsize=POOL_SIZE, block=False, retries=False, **tls)
             for url in endpoints.urls
@@ -54,12 +66,35 @@ class Urllib3Client(RqliteClient):
             )
         except (NewConnectionError, ConnectTimeoutError) as exc:
             return NotSent(str(exc))
+        except SSLError as exc:
+            if isinstance(exc.args[0] if exc.args else None, ssl.SSLCertVerificationError):
+                return NotSent(repr(exc))  # the handshake failed: nothing was sent
+            return NoReply(repr(exc))
         except (HTTPError, OSError) as exc:
             return NoReply(repr(exc))
-        return Reply(
+        return HttpReply(
             response.status, response.data, response.headers.get("Date"), sent_at, self.clock()
         )
 
+    def get_json(self, base_url: str, path: str, timeout: float) -> Any:
+        """GET an rqlite node's JSON endpoint (`/status`, `/nodes`) with this client's
+        credentials and TLS settings; None if the node does not answer with JSON."""
+        try:
+            response = self._manager.request(
+                "GET",
+                base_url + path,
+                headers=self._headers,
+                timeout=urllib3.Timeout(total=timeout),
+                retries=False,
+                redirect=False,
+            )
+            if response.status != 200:
+                return None
+            return json.loads(response.data)
+        except (HTTPError, OSError, ValueError):
+            return None
+
     def close(self) -> None:
+        self._manager.clear()
         for pool in self._pools:
             pool.close()

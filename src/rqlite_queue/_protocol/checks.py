@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import reprlib
 
-from .errors import InvalidArgument
+from ..errors import InvalidArgument
 
 MAX_SECONDS = 366 * 24 * 3600.0
 """Longest visibility, delay or window accepted: a year."""

@@ -1,16 +1,18 @@
-"""Start and control real local rqlited clusters.
+"""Start and control real local rqlited clusters (on 127.0.0.1, free ports).
 
-One harness shared by the pytest plugin (and so the project's tests), the benchmarks, the demo
-and `rqlite-queue cluster up`, so that every one of them runs against a real rqlited started the
-same way, and none of them can leave a process behind: every process started here is recorded
-in a module-level registry and killed at interpreter exit if nobody stopped it. Importing this
-module starts and registers nothing; the exit hook is registered by the first process start.
+One harness shared by the pytest plugin (`rqlite_queue.testing`, and so the project's tests),
+the benchmarks, the demo and `rqlite-queue cluster up`, so that every one of them runs against
+a real rqlited started the same way, and none of them can leave a process behind: every
+process started here is recorded in a module-level registry and killed at interpreter exit if
+nobody stopped it. Importing this module starts and registers nothing; the exit hook is
+registered by the first process start.
 
 Typical use::
 
     with Cluster(3) as c:
         c.wait_ready()
-        httpx.post(c.leader().http_url + "/db/execute", json=[["CREATE TABLE t (x)"]])
+        with from_url(c.url) as queue:
+            queue.publish("g", "hello")
 """
 
 from __future__ import annotations
@@ -32,9 +34,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-import httpx
+import urllib3
+from urllib3.exceptions import HTTPError
 
-from ..rqlited import RqlitedNotFound, find_rqlited
+from .rqlited import RqlitedNotFound, find_rqlited
 
 __all__ = [
     "FAST_RAFT_ARGS",
@@ -186,14 +189,41 @@ def kill_leftovers() -> set[int]:
 # HTTP helpers
 
 
+class _Http:
+    """GETs of a node's JSON endpoints, with urllib3 (no proxy from the environment can
+    capture 127.0.0.1 traffic: urllib3 reads none)."""
+
+    def __init__(self, timeout: float, verify: bool | str, auth: tuple[str, str] | None) -> None:
+        context = ssl.create_default_context(cafile=verify if isinstance(verify, str) else None)
+        if verify is False:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        self._headers = urllib3.make_headers(basic_auth=":".join(auth)) if auth else {}
+        self._pool = urllib3.PoolManager(
+            ssl_context=context, timeout=urllib3.Timeout(total=timeout), retries=False
+        )
+
+    def get(self, url: str, **params: str) -> tuple[int, Any]:
+        """(status, the body read as JSON, or None)."""
+        r = self._pool.request("GET", url, fields=params or None, headers=self._headers)
+        try:
+            return r.status, json.loads(r.data) if r.data else None
+        except ValueError:
+            return r.status, None
+
+    def __enter__(self) -> _Http:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._pool.clear()
+
+
 def _client(
     timeout: float = _PROBE_TIMEOUT,
     verify: bool | str = True,
     auth: tuple[str, str] | None = None,
-) -> httpx.Client:
-    # trust_env=False: an HTTP(S)_PROXY in the environment must not capture 127.0.0.1 traffic.
-    context = ssl.create_default_context(cafile=verify) if isinstance(verify, str) else verify
-    return httpx.Client(timeout=timeout, trust_env=False, verify=context, auth=auth)
+) -> _Http:
+    return _Http(timeout, verify, auth)
 
 
 def _default_tmp_root() -> str | None:
@@ -273,7 +303,7 @@ class Node:
     def http_url(self) -> str:
         return f"{'https' if self.tls else 'http'}://{self.http_addr}"
 
-    def _client(self, timeout: float) -> httpx.Client:
+    def _client(self, timeout: float) -> _Http:
         verify: bool | str = self.tls[2] if self.tls else True
         return _client(timeout, verify=verify, auth=self.auth)
 
@@ -379,10 +409,10 @@ class Node:
                     cls = PortInUse if "address already in use" in tail else NodeStartError
                     raise cls(f"rqlited {self.node_id} exited with code {rc} at start:\n{tail}")
                 try:
-                    r = client.get(f"{self.http_url}/status", params={"key": "os"})
-                    if r.status_code == 200 and r.json().get("pid") == self.process.pid:
+                    status, body = client.get(f"{self.http_url}/status", key="os")
+                    if status == 200 and (body or {}).get("pid") == self.process.pid:
                         return
-                except (httpx.HTTPError, ValueError):
+                except (HTTPError, OSError, AttributeError):
                     pass
                 if time.monotonic() > deadline:
                     raise NodeStartError(
@@ -465,18 +495,17 @@ class Node:
     def status(self, timeout: float = _PROBE_TIMEOUT) -> dict[str, Any]:
         """GET /status of this node."""
         with self._client(timeout) as client:
-            r = client.get(f"{self.http_url}/status")
-            r.raise_for_status()
-            data: dict[str, Any] = r.json()
-            return data
+            status, body = client.get(f"{self.http_url}/status")
+            if status != 200 or not isinstance(body, dict):
+                raise HTTPError(f"/status of node {self.node_id} answered HTTP {status}")
+            return body
 
     def is_ready(self, timeout: float = _PROBE_TIMEOUT) -> bool:
         """GET /readyz is 200: the node is up, knows a contactable leader and its store is open."""
         try:
             with self._client(timeout) as client:
-                r = client.get(f"{self.http_url}/readyz", params={"timeout": f"{timeout}s"})
-                return r.status_code == 200
-        except httpx.HTTPError:
+                return client.get(f"{self.http_url}/readyz", timeout=f"{timeout}s")[0] == 200
+        except (HTTPError, OSError):
             return False
 
     def log_tail(self, lines: int = 50) -> str:
@@ -695,7 +724,7 @@ class Cluster:
         for node in self.running():
             try:
                 store = node.status()["store"]
-            except (httpx.HTTPError, ValueError, KeyError):
+            except (HTTPError, OSError, ValueError, KeyError):
                 continue
             leader = store.get("leader") or {}
             target = by_id.get(leader.get("node_id", "")) or by_raft.get(leader.get("addr", ""))

@@ -1,0 +1,263 @@
+"""One cluster of a queue (an rqlite cluster, or the embedded SQLite file): its backend, which runs
+plans and keeps the state that belongs to that cluster, and the router of a queue that lives on
+one cluster. This file is the source; `_sync/cluster.py` is generated from it.
+
+A Worker's round passes through here: `AsyncTransport.settle_and_claim` (queue.py) gives the
+checked round to `AsyncClusterRouter.round`, whose backend builds the plan (`core.round` ->
+`sql.round_trips`) and sends its batch through the executor (`rqlite_client.py` over HTTP, or
+`_io/sqlite.py`); the plan reads the reply."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
+
+from .._protocol.core import Plan, QueueCore
+from .._protocol.http import STATUS_TIMEOUT, applied_index, parse_nodes
+from .._protocol.params import CheckedRound, RoundSpec
+from .._protocol.retry import FAILOVER, MIN_ATTEMPT, Retry
+from .._protocol.sql import Batch, NewMessage, Reply, Result
+from .._runtime import AsyncFanOut
+from ..errors import BackendError, InvalidArgument, OutcomeUnknown, Unavailable
+from ..types import NodeView, Round
+
+T = TypeVar("T")
+Merge = Callable[[Mapping[str, T], Sequence[str]], T]
+"""How a sharded queue combines the answers of its shards (by name; the names of those that
+did not answer): a `_protocol.sharding` function. One cluster's answer is used as it is."""
+
+UPGRADE_ATTEMPTS = 5
+
+
+class AsyncExecutor(Protocol):
+    async def execute(self, batch: Batch, deadline: float) -> list[Result]: ...
+
+    async def close(self) -> None: ...
+
+
+class AsyncBackend:
+    """One cluster of a queue: runs plans on its executor within a deadline (a
+    `time.monotonic()` time), and keeps what belongs to the cluster: whether its tables were
+    checked (created or upgraded on first use), how many batches were resent after a lost
+    reply, which claim floors last found it empty (the next claim asks with a read first), and
+    the clock skew its replies prove (`skew`: its clock minus this client's)."""
+
+    def __init__(
+        self,
+        executor: AsyncExecutor,
+        core: QueueCore,
+        *,
+        skew: Callable[[], float] = lambda: 0.0,
+    ) -> None:
+        self.executor = executor
+        self.core = core
+        self.skew = skew
+        self.schema_checked = False
+        self.resent = 0
+        """Batches sent again after an unknown outcome (for tests and metrics)."""
+        self._idle: dict[int, bool] = {}
+
+    async def setup(self, deadline: float) -> None:
+        """Create the queue's tables if missing, or upgrade them, and check their version."""
+        failure: Exception | None = None
+        for _ in range(UPGRADE_ATTEMPTS):
+            plan = self.core.upgrade(await self._send(self.core.bootstrap(), deadline))
+            if plan is None:
+                self.schema_checked = True
+                return
+            try:
+                await self._send(plan, deadline)
+            except (BackendError, OutcomeUnknown) as exc:
+                # Another client upgraded first (its version check failed ours), or the reply
+                # was lost: read the version again.
+                failure = exc
+        queue = self.core.names.queue
+        raise BackendError(f"queue {queue!r}: could not upgrade the schema: {failure}")
+
+    async def run(self, plan: Plan[T], deadline: float) -> T:
+        """Run `plan`; after a lost reply, send it again where the plan says that is safe."""
+        if not self.schema_checked:
+            await self.setup(deadline)
+        if plan.lease_for is not None:
+            self.core.check_skew(self.skew(), plan.lease_for)
+        try:
+            return await self._send(plan, deadline)
+        except OutcomeUnknown:
+            if plan.replay is None:
+                raise
+            return await self._replay(plan, plan.replay, deadline)
+
+    async def _send(self, plan: Plan[T], deadline: float) -> T:
+        if not plan.batch.statements:
+            return plan.read(Reply(plan.batch, []))  # nothing to do (an empty settle, say)
+        return plan.read(Reply(plan.batch, await self.executor.execute(plan.batch, deadline)))
+
+    async def _replay(self, plan: Plan[T], read: Callable[[Reply], T], deadline: float) -> T:
+        """Send a retry-safe batch again after an unknown outcome, until `deadline`."""
+        batch = plan.replay_batch or plan.batch
+        retry = Retry(FAILOVER, deadline)
+        while True:
+            wait = retry.wait(time.monotonic())
+            if wait is None:
+                raise OutcomeUnknown(
+                    f"queue {self.core.names.queue!r}: the deadline passed while the outcome "
+                    f"of a write was unknown"
+                )
+            await asyncio.sleep(wait)
+            self.resent += 1
+            try:
+                return read(Reply(batch, await self.executor.execute(batch, deadline)))
+            except (Unavailable, OutcomeUnknown) as exc:
+                # Whatever this attempt met, the first one may have applied.
+                if time.monotonic() + MIN_ATTEMPT >= deadline:
+                    raise OutcomeUnknown(
+                        f"queue {self.core.names.queue!r}: outcome unknown: {exc}"
+                    ) from exc
+
+    async def round(
+        self, checked: CheckedRound, deadline: float, *, probe_when_idle: bool
+    ) -> Round:
+        """Settle and claim. `probe_when_idle`: a claim without settlements after one that
+        found nothing first asks with a read (no Raft write) whether anything is claimable.
+        Leases taken on messages whose ttl had passed are never handed out: they are
+        dead-lettered (reason `expired`), and as many leases claimed again in the same call
+        (if that fails, they lapse, and the next claim expires them)."""
+        floor = checked.min_priority
+        asks_first = probe_when_idle and not checked.settlements and self._idle.get(floor)
+        if asks_first and not await self._worth_claiming(floor, deadline):
+            return Round()
+        result = await self.run(self.core.round(checked), deadline)
+        leases, expired = list(result.leases), result.expired
+        while expired:
+            spec = RoundSpec(
+                worker_id=checked.worker_id,
+                visibility=checked.visibility,
+                n=len(expired),
+                min_priority=floor,
+                expired=expired,
+            )
+            try:
+                more = await self.run(self.core.round(self.core.check_round(spec)), deadline)
+            except (Unavailable, OutcomeUnknown):
+                break
+            leases += more.leases
+            expired = more.expired
+        if probe_when_idle and not checked.settlements:
+            self._idle[floor] = not leases
+        return Round(leases=leases, lost=result.lost, extended=result.extended)
+
+    async def _worth_claiming(self, min_priority: int, deadline: float) -> bool:
+        probe = await self.run(self.core.probe(min_priority), deadline)
+        return probe.claimable or (
+            probe.next_due is not None and probe.next_due <= self.core.clock()
+        )
+
+    async def nodes(self) -> list[NodeView]:
+        """The rqlite nodes of this cluster (none for the embedded file): which answer, which
+        one leads, how far each has applied the Raft log (`/nodes` asked of the first node
+        that answers, then each node's `/status`)."""
+        get_json = getattr(self.executor, "get_json", None)
+        urls: Sequence[str] = getattr(getattr(self.executor, "endpoints", None), "urls", ())
+        if get_json is None:
+            return []
+        found: list[tuple[str, str, bool, bool]] = []
+        for url in urls:
+            found = parse_nodes(await get_json(url, "/nodes?nonvoters", STATUS_TIMEOUT))
+            if found:
+                break
+        if not found:  # no node answered: show the configured ones as unreachable
+            return [NodeView(url, url, False, False, None) for url in urls]
+
+        def status(addr: str) -> Callable[[], Any]:
+            async def ask() -> Any:
+                if not addr.startswith(("http://", "https://")):
+                    return None
+                return await get_json(addr, "/status", STATUS_TIMEOUT)
+
+            return ask
+
+        fan = AsyncFanOut(len(found))
+        try:
+            statuses = await fan.all([status(addr) for _, addr, _, _ in found])
+        finally:
+            await fan.close()
+        return [
+            NodeView(node_id, addr, reachable, leader, applied_index(reply))
+            for (node_id, addr, reachable, leader), reply in zip(found, statuses, strict=True)
+        ]
+
+    async def close(self) -> None:
+        if not self.core.closed:
+            self.core.closed = True
+            await self.executor.close()
+
+
+class AsyncClusterRouter:
+    """The router of a queue on one cluster: every call goes to its one backend. (The shard
+    router, `shards.py`, has the same methods over several.)"""
+
+    scoped_dedup = False
+    """Dedup ids are the caller's own (a sharded queue scopes them to their group)."""
+
+    def __init__(self, backend: AsyncBackend) -> None:
+        self.backend = backend
+
+    @property
+    def resent(self) -> int:
+        return self.backend.resent
+
+    async def setup(self, deadline: float) -> None:
+        await self.backend.setup(deadline)
+
+    async def on_group(
+        self,
+        group_id: str,
+        plan: Plan[T],
+        deadline: float,
+        *,
+        merge: Merge[T] | None = None,
+        empties: bool = False,
+    ) -> T:
+        return await self.backend.run(plan, deadline)
+
+    async def everywhere(self, plan: Plan[T], deadline: float, what: str) -> list[T]:
+        return [await self.backend.run(plan, deadline)]
+
+    async def gather(
+        self, plan: Plan[T], deadline: float, merge: Merge[T], *, workers: bool = False
+    ) -> T:
+        return await self.backend.run(plan, deadline)
+
+    async def publish(self, messages: Sequence[NewMessage], deadline: float) -> list[int]:
+        return await self.backend.run(self.backend.core.publish(messages), deadline)
+
+    async def round(
+        self, checked: CheckedRound, deadline: float, *, probe_when_idle: bool
+    ) -> Round:
+        return await self.backend.round(checked, deadline, probe_when_idle=probe_when_idle)
+
+    async def settle(self, checked: CheckedRound, deadline: float, what: str) -> Round:
+        return await self.backend.round(checked, deadline, probe_when_idle=False)
+
+    async def schedule(self, plan: Plan[T], name: str, group_id: str, deadline: float) -> T:
+        return await self.backend.run(plan, deadline)
+
+    async def fire_schedules(self, deadline: float) -> int:
+        core = self.backend.core
+        due = await self.backend.run(core.due_schedules(), deadline)
+        return await self.backend.run(core.fire(due), deadline) if due else 0
+
+    async def dead(
+        self, plan: Plan[int], deadline: float, *, seqs: object, shard: str | None, what: str
+    ) -> int:
+        if shard is not None:
+            raise InvalidArgument(f"{what}: shard= is for a sharded queue; this one has one")
+        return await self.backend.run(plan, deadline)
+
+    async def nodes(self) -> list[NodeView]:
+        return await self.backend.nodes()
+
+    async def close(self) -> None:
+        await self.backend.close()

@@ -1,0 +1,700 @@
+"""The queue: one class whatever the topology. Each method checks its arguments once (in the
+core), builds the plan once, and hands it to the queue's router: one cluster
+(`cluster.AsyncClusterRouter`) or several (`shards.AsyncShardRouter`). The classes below it
+only construct: an rqlite cluster, an embedded SQLite file, or shards. This file is the source;
+`_sync/queue.py` is generated from it (`scripts/gen_sync.py`): edit here, then
+`make generate`."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from .._io.aiohttp_client import AiohttpClient
+from .._io.sqlite import AsyncSqliteExecutor
+from .._protocol import sharding
+from .._protocol.checks import check_id, check_int, check_seconds, show
+from .._protocol.core import (
+    DEFAULT_DEDUP_WINDOW,
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    DEFAULT_MAX_SKEW,
+    QueueCore,
+    lease_lost,
+)
+from .._protocol.http import parse_endpoints, redact
+from .._protocol.params import Message, RoundSpec, ScheduleSpec
+from .._protocol.sharding import ShardList, ShardSpec, check_shard_name, parse_shard_list
+from ..codec import Codec
+from ..errors import InvalidArgument, OutcomeUnknown, Unavailable
+from ..types import (
+    MAX_BATCH,
+    DeadLetter,
+    GroupInfo,
+    Lease,
+    NodeView,
+    Probe,
+    PublishItem,
+    Round,
+    Schedule,
+    ShardStatus,
+    Stats,
+)
+from .cluster import AsyncBackend, AsyncClusterRouter
+from .shards import DEFAULT_CLAIM_DEADLINE, AsyncShardRouter
+
+T = TypeVar("T")
+AsyncRouter = AsyncClusterRouter | AsyncShardRouter
+
+DEFAULT_DEADLINE = 15.0
+
+
+class AsyncTransport:
+    """A queue with per-group exclusivity (see the contract in the docs), on one cluster or
+    many: build one with `from_url`, or `AsyncRqliteTransport(url)`,
+    `AsyncSqliteTransport(path)`, `AsyncShardedTransport(shards)`. The tables are created (or
+    upgraded) on first use. Every call finishes within `deadline` seconds: failover, resends
+    and request timeouts included."""
+
+    def __init__(
+        self, router: AsyncRouter, core: QueueCore, *, deadline: float = DEFAULT_DEADLINE
+    ) -> None:
+        check_seconds(deadline, "deadline", allow_zero=False)
+        self.router = router
+        """How this queue reaches its cluster(s)."""
+        self._core = core
+        self.deadline = float(deadline)
+
+    @property
+    def queue(self) -> str:
+        return self._core.names.queue
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        """The clock lease deadlines are computed with."""
+        return self._core.clock
+
+    @property
+    def closed(self) -> bool:
+        return self._core.closed
+
+    @property
+    def resent(self) -> int:
+        """How many batches were sent again after an unknown outcome (for tests, metrics)."""
+        return self.router.resent
+
+    def _by(self) -> float:
+        """The deadline (a `time.monotonic()` time) of a call starting now."""
+        return time.monotonic() + self.deadline
+
+    @classmethod
+    async def from_url(
+        cls, url: str, *, connect_timeout: float = 30.0, **options: Any
+    ) -> AsyncTransport:
+        """`sqlite:///path.db` (embedded), `http(s)://host:port[,host:port...]` (rqlite), or
+        several clusters (`a=http://...;b=http://...`, an `AsyncShardedTransport`).
+        Waits until the backend answers and, for rqlite, has a leader; then creates or
+        upgrades the tables. Raises `Unavailable` after `connect_timeout` seconds."""
+        transport: AsyncTransport
+        if not isinstance(url, str):
+            raise InvalidArgument(f"not a URL: {type(url).__name__}")
+        if sharding.is_sharded_url(url):
+            transport = AsyncShardedTransport(url, **options)
+        elif url.startswith("sqlite://"):
+            transport = AsyncSqliteTransport(_sqlite_path(url), **options)
+        elif url.startswith(("http://", "https://")):
+            transport = AsyncRqliteTransport(url, **options)
+        else:
+            raise InvalidArgument(
+                f"unknown URL scheme in {redact(url)!r} (use sqlite, http or https)"
+            )
+        try:
+            await transport.connect(connect_timeout, url)
+        except BaseException:
+            await transport.close()
+            raise
+        return transport
+
+    async def connect(self, timeout: float, url: str = "") -> None:
+        """`setup()`, tried again until it succeeds or `timeout` seconds have passed (then
+        `Unavailable`): for a cluster that is still starting or electing its leader."""
+        give_up = time.monotonic() + timeout
+        while True:
+            try:
+                await self.router.setup(give_up)
+                return
+            except (Unavailable, OutcomeUnknown) as exc:
+                # The inner retries may stop short of give_up (their next backoff would not
+                # fit); wait out the rest, so the promised timeout is what passes.
+                left = give_up - time.monotonic()
+                if left <= 0:
+                    where = redact(url) if url else f"queue {self.queue!r}"
+                    raise Unavailable(f"{where}: not available after {timeout:g}s: {exc}") from exc
+                await asyncio.sleep(min(0.2, left))
+
+    async def setup(self) -> None:
+        """Create the queue's tables if missing, or upgrade them in place, and check their
+        version (`SchemaError` if they are newer than this library)."""
+        await self.router.setup(self._by())
+
+    # ------------------------------------------------------------------------ the seed's calls
+
+    async def publish(
+        self,
+        group_id: str,
+        event: Any,
+        priority: int = 0,
+        *,
+        dedup_id: str | None = None,
+        delay: float | None = None,
+        not_before: float | None = None,
+        ttl: float | None = None,
+    ) -> int:
+        """Append `event` to `group_id`'s FIFO; returns its seq. `priority` (0-4) is fixed by
+        the publish that creates the group. With `dedup_id` (or the transport's `dedup_key`),
+        a repeat within the dedup window publishes nothing and returns the first seq.
+
+        `delay` (seconds) or `not_before` (epoch seconds): not delivered before then; FIFO is
+        kept, so the messages published after it in its group wait too. `ttl` (seconds): if it
+        is not delivered within them, it is moved to the dead letters (reason `expired`)
+        instead, and its group moves on."""
+        message = Message(
+            group_id=group_id,
+            event=event,
+            priority=priority,
+            dedup_id=dedup_id,
+            delay=delay,
+            not_before=not_before,
+            ttl=ttl,
+        )
+        return (await self._publish([message]))[0]
+
+    async def _publish(self, given: Sequence[Message]) -> list[int]:
+        messages = self._core.messages(given, scoped=self.router.scoped_dedup)
+        return await self.router.publish(messages, self._by())
+
+    async def claim(self, worker_id: str, visibility: float, min_priority: int = 0) -> Lease | None:
+        """Lease the head of the claimable group claimed least recently, for `visibility`
+        seconds; None when nothing is claimable."""
+        leases = await self.claim_many(worker_id, visibility, 1, min_priority)
+        return leases[0] if leases else None
+
+    async def ack(self, lease: Lease) -> None:
+        """Done: remove the message and free its group. `LeaseLost` if the lease no longer
+        holds the group."""
+        await self._settle("ack", RoundSpec(ack=[lease]))
+
+    async def nack(self, lease: Lease, delay: float = 0.0) -> None:
+        """Give the message back: claimable now (`delay=0`) or its group parked for `delay`
+        seconds. The message stays its group's head."""
+        await self._settle("nack", RoundSpec(nack=[(lease, delay)]))
+
+    async def close(self) -> None:
+        if not self._core.closed:
+            self._core.closed = True
+            await self.router.close()
+
+    async def __aenter__(self: _Self) -> _Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------------------ beyond the seed
+
+    async def publish_many(self, items: Iterable[PublishItem]) -> list[int]:
+        """Publish many messages in one round trip, atomically, in order. Items are
+        `(group_id, event)`, `(group_id, event, priority)` or mappings with those keys and
+        optionally `dedup_id`, `delay`, `not_before`, `ttl` (as `publish` takes them). On a
+        sharded queue: atomic on each shard, not across shards (a shard that fails leaves the
+        others' messages published; the error names it)."""
+        return await self._publish(Message.parse_many(items))
+
+    def check_publish_many(self, items: Iterable[PublishItem]) -> None:
+        """Check `items` as `publish_many` does (shapes, values, the codec, the size limit),
+        sending nothing: `InvalidArgument`, whose `index` is the first bad item's."""
+        self._core.messages(Message.parse_many(items), scoped=self.router.scoped_dedup)
+
+    async def claim_many(
+        self, worker_id: str, visibility: float, n: int, min_priority: int = 0
+    ) -> list[Lease]:
+        """Up to `n` leases from `n` distinct groups, in one round trip. After a claim that
+        found nothing, the next one first asks the node it talks to (a read, no Raft write)
+        and only writes when something is claimable."""
+        check_int(n, "n", 1, MAX_BATCH)
+        spec = RoundSpec(worker_id=worker_id, visibility=visibility, n=n, min_priority=min_priority)
+        checked = self._core.check_round(spec)
+        result = await self.router.round(checked, self._by(), probe_when_idle=True)
+        return result.leases
+
+    async def probe(self, min_priority: int = 0) -> Probe:
+        """A look without a Raft round (a read of the leader's copy, no write): is a group
+        claimable now, when does the earliest lease, park or delayed head end, when is the next
+        schedule due?"""
+        plan = self._core.probe(min_priority)
+        return await self.router.gather(plan, self._by(), sharding.probe_of, workers=True)
+
+    async def settle_and_claim(
+        self,
+        worker_id: str | None = None,
+        visibility: float = 30.0,
+        n: int = 0,
+        *,
+        ack: Sequence[Lease] = (),
+        nack: Sequence[tuple[Lease, float]] = (),
+        extend: Sequence[Lease] = (),
+        dead: Sequence[tuple[Lease, str]] = (),
+        hold_dead: bool = False,
+        min_priority: int = 0,
+    ) -> Round:
+        """Settle leases (ack; nack as `(lease, delay)`; extend by `visibility`; dead-letter as
+        `(lease, reason)`, holding their groups with `hold_dead`) and claim up to `n` new
+        leases, in one round trip and one transaction. Leases that no longer held are listed
+        in `Round.lost` (they changed nothing); nothing is raised for them. On a sharded queue,
+        settlements on a shard that did not answer raise `PartialRound`, whose `.round` lists
+        them in `unsettled` (the rest was applied)."""
+        spec = RoundSpec(
+            worker_id=worker_id,
+            visibility=visibility,
+            n=n,
+            min_priority=min_priority,
+            ack=ack,
+            nack=nack,
+            extend=extend,
+            dead=dead,
+            hold_dead=hold_dead,
+        )
+        checked = self._core.check_round(spec)
+        return await self.router.round(checked, self._by(), probe_when_idle=False)
+
+    async def _settle(self, what: str, spec: RoundSpec) -> Round:
+        """Settlements alone, fenced: `LeaseLost` lists the leases that no longer held."""
+        result = await self.router.settle(self._core.check_round(spec), self._by(), what)
+        if result.lost:
+            raise lease_lost(result.lost, what)
+        return result
+
+    async def ack_many(self, leases: Sequence[Lease]) -> None:
+        """Ack several leases in one round trip. Those that still hold are acked; if any did
+        not, `LeaseLost` lists them."""
+        if not isinstance(leases, list | tuple):
+            raise InvalidArgument(f"leases must be a list, got {show(leases)}")
+        await self._settle("ack", RoundSpec(ack=leases))
+
+    async def extend(self, lease: Lease, visibility: float) -> Lease:
+        """Heartbeat: the lease now lapses `visibility` seconds from now. Returns the lease
+        with its new `expires_at`."""
+        result = await self._settle("extend", RoundSpec(extend=[lease], visibility=visibility))
+        return result.extended[0]
+
+    async def dead_letter(self, lease: Lease, reason: str, *, hold: bool = False) -> None:
+        """Move the message to the dead-letter table, with `reason`, and free its group (or,
+        with `hold`, hold it until `release_group`)."""
+        await self._settle("dead_letter", RoundSpec(dead=[(lease, reason)], hold_dead=hold))
+
+    # ------------------------------------------------------------------------ schedules
+
+    async def schedule(
+        self,
+        name: str,
+        group_id: str,
+        event: Any,
+        *,
+        every: float | None = None,
+        cron: str | None = None,
+        priority: int = 0,
+        catch_up: bool = False,
+        start_at: float | None = None,
+    ) -> Schedule:
+        """Publish `event` to `group_id` every `every` seconds, or at the times of the `cron`
+        expression (UTC), from `start_at` (default: the first tick after now). Stored in the
+        queue: it survives restarts, and its ticks are published by whichever workers run
+        (`Worker`, or `rqlite-queue scheduler`), each exactly once. A stretch with no worker
+        running gives one message for all the ticks it missed (`catch_up=True`: one per
+        tick, at most 1000). Scheduling a name again replaces it. On a sharded queue it is
+        stored on its group's shard."""
+        spec = ScheduleSpec(
+            name=name,
+            group_id=group_id,
+            event=event,
+            every=every,
+            cron=cron,
+            priority=priority,
+            catch_up=catch_up,
+            start_at=start_at,
+        )
+        return await self.router.schedule(self._core.schedule(spec), name, group_id, self._by())
+
+    async def unschedule(self, name: str) -> bool:
+        """Remove a schedule; False if there was none of that name."""
+        removed = await self.router.everywhere(
+            self._core.unschedule(name), self._by(), "unschedule"
+        )
+        return any(removed)
+
+    async def schedules(self) -> list[Schedule]:
+        return await self.router.gather(self._core.schedules(), self._by(), sharding.schedules_of)
+
+    async def fire_schedules(self) -> int:
+        """Publish the ticks that are due (a read, then a write only if some are); returns how
+        many messages went out. Workers call it between claims."""
+        self._core.check_open()
+        return await self.router.fire_schedules(self._by())
+
+    # ------------------------------------------------------------------------ operators
+
+    async def hold_group(self, group_id: str) -> None:
+        """No claim takes this group until `release_group` (a lease in flight on it finishes
+        normally; publishing to it goes on)."""
+        await self.router.on_group(group_id, self._core.hold(group_id), self._by())
+
+    async def release_group(self, group_id: str) -> bool:
+        """Undo `hold_group`; False if the group was not held."""
+        return await self.router.on_group(group_id, self._core.release(group_id), self._by())
+
+    async def groups(
+        self,
+        *,
+        state: str | None = None,
+        prefix: str | None = None,
+        min_priority: int = 0,
+        limit: int = 100,
+        after: str | None = None,
+    ) -> list[GroupInfo]:
+        """A page of the groups that have messages (and the held ones), in group id order:
+        pass the last id of a page as `after` for the next one. Filters: `state` (see
+        `GroupInfo.state`), a group id `prefix`, `min_priority`."""
+        plan = self._core.groups(
+            state=state, prefix=prefix, min_priority=min_priority, limit=limit, after=after
+        )
+        return await self.router.gather(plan, self._by(), sharding.groups_of(limit))
+
+    async def cancel_group(self, group_id: str, reason: str) -> int:
+        """Move every message of the group to the dead letters with `reason`, in one
+        transaction, and return how many. A lease in flight on it is fenced: its ack, nack or
+        extend raises `LeaseLost`. Messages published after this call are not touched. Not
+        resent after a lost reply (that could cancel newer messages): `OutcomeUnknown`."""
+        plan = self._core.cancel_group(group_id, reason)
+        return await self.router.on_group(group_id, plan, self._by(), empties=True)
+
+    async def set_priority(self, group_id: str, priority: int) -> bool:
+        """Change the priority (0-4) of a group that has messages; False if it has none (its
+        next publish sets its priority). Publishing to a group that has messages keeps its
+        priority, whatever the publish says."""
+        plan = self._core.set_priority(group_id, priority)
+        return await self.router.on_group(group_id, plan, self._by())
+
+    async def pause(self) -> None:
+        """Claims of this queue take nothing until `resume()`, from every client (publishes go
+        on; leases in flight finish normally)."""
+        await self.router.everywhere(self._core.set_paused(True), self._by(), "pause")
+
+    async def resume(self) -> None:
+        """Undo `pause()`."""
+        await self.router.everywhere(self._core.set_paused(False), self._by(), "resume")
+
+    async def dead_letters(
+        self, limit: int = 100, *, group_id: str | None = None
+    ) -> list[DeadLetter]:
+        """The dead letters (of `group_id`), the oldest first."""
+        plan = self._core.dead_letters(limit, group_id)
+        merge = sharding.dead_letters_of(limit)
+        if group_id is not None:
+            return await self.router.on_group(group_id, plan, self._by(), merge=merge)
+        return await self.router.gather(plan, self._by(), merge)
+
+    async def requeue_dead(
+        self, seqs: Sequence[int] | None = None, *, shard: str | None = None
+    ) -> int:
+        """Put dead letters back at the tail of their groups: all of them, or those seqs (on
+        a sharded queue, of `shard`: seqs are per shard, see `DeadLetter.shard`)."""
+        plan = self._core.requeue_dead(seqs)
+        return await self.router.dead(plan, self._by(), seqs=seqs, shard=shard, what="requeue_dead")
+
+    async def purge_dead(
+        self, seqs: Sequence[int] | None = None, *, shard: str | None = None
+    ) -> int:
+        """Delete dead letters for good: all of them, or those seqs (of `shard`)."""
+        plan = self._core.purge_dead(seqs)
+        return await self.router.dead(plan, self._by(), seqs=seqs, shard=shard, what="purge_dead")
+
+    async def stats(self) -> Stats:
+        """A snapshot of the queue (on a sharded queue, the totals over the shards that
+        answered; `Stats.shards_down` names the others)."""
+        return await self.router.gather(self._core.stats(), self._by(), sharding.stats_of)
+
+    async def peek(self, group_id: str, limit: int = 10) -> list[tuple[int, Any]]:
+        """The next messages of a group, as (seq, event), without leasing them."""
+        return await self.router.on_group(group_id, self._core.peek(group_id, limit), self._by())
+
+    async def nodes(self) -> list[NodeView]:
+        """The rqlite nodes behind this queue (none for the embedded file): which answer,
+        which one leads, how far each has applied the Raft log."""
+        self._core.check_open()
+        return await self.router.nodes()
+
+
+_Self = TypeVar("_Self", bound=AsyncTransport)
+
+
+class AsyncRqliteTransport(AsyncTransport):
+    """The queue on an rqlite cluster: `url` is `http(s)://[user:pass@]host:port[,host:port]`.
+    Each operation is one HTTP request (more only to fail over, or to resend a write whose
+    reply was lost where that is safe). `timeout` bounds each request, `deadline` each call.
+
+    Clocks: the node's clock is read from the `Date` of its replies (no extra request); a
+    difference above `skew_warning` seconds is logged, and a lease is refused (`ClockSkew`)
+    when the difference exceeds `max_skew` of its visibility (`max_skew=None`: neither, for
+    a clock of the caller's own, such as a test's fake clock)."""
+
+    def __init__(
+        self,
+        url: str,
+        timeout: float = 10.0,
+        clock: Callable[[], float] = time.time,
+        *,
+        queue: str = "default",
+        codec: Codec | type[Any] | None = None,
+        auth: tuple[str, str] | None = None,
+        verify: bool | str = True,
+        deadline: float = DEFAULT_DEADLINE,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        dedup_window: float = DEFAULT_DEDUP_WINDOW,
+        dedup_key: Callable[[Any], str | None] | None = None,
+        max_skew: float | None = DEFAULT_MAX_SKEW,
+        skew_warning: float = 1.0,
+    ) -> None:
+        core = QueueCore(
+            queue=queue,
+            codec=codec,
+            clock=clock,
+            token=_token,
+            chance=random.random,
+            max_payload_bytes=max_payload_bytes,
+            dedup_window=dedup_window,
+            dedup_key=dedup_key,
+            max_skew=max_skew,
+        )
+        backend = _rqlite_backend(
+            url, core, timeout=timeout, auth=auth, verify=verify, skew_warning=skew_warning
+        )
+        self.client: AiohttpClient = backend.executor  # type: ignore[assignment]
+        """The HTTP client (its `requests` count, its nodes)."""
+        super().__init__(AsyncClusterRouter(backend), core, deadline=deadline)
+
+
+class AsyncSqliteTransport(AsyncTransport):
+    """The embedded queue on a local SQLite file, shared safely by threads and processes."""
+
+    def __init__(
+        self,
+        path: str,
+        clock: Callable[[], float] = time.time,
+        *,
+        queue: str = "default",
+        codec: Codec | type[Any] | None = None,
+        busy_timeout: float = 30.0,
+        deadline: float = DEFAULT_DEADLINE,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        dedup_window: float = DEFAULT_DEDUP_WINDOW,
+        dedup_key: Callable[[Any], str | None] | None = None,
+    ) -> None:
+        core = QueueCore(
+            queue=queue,
+            codec=codec,
+            clock=clock,
+            token=_token,
+            chance=random.random,
+            max_payload_bytes=max_payload_bytes,
+            dedup_window=dedup_window,
+            dedup_key=dedup_key,
+        )
+        backend = _sqlite_backend(path, core, busy_timeout=busy_timeout)
+        super().__init__(AsyncClusterRouter(backend), core, deadline=deadline)
+
+
+class AsyncShardedTransport(AsyncTransport):
+    """One queue over several clusters (shards), with the methods of a single-cluster
+    transport: code that takes an `AsyncTransport` works unchanged.
+
+    `shards`: a URL such as `a=http://h1:4001,http://h2:4001;b=http://h3:4001` (clusters
+    separated by `;`, each optionally named; SQLite files too, named), or a mapping of shard
+    name to an open single-cluster transport (all on the same queue). The options of a
+    cluster (`timeout`, `auth`, `verify`, `skew_warning`; `busy_timeout` for SQLite files) are
+    given to every shard.
+
+    Seqs are per shard: `Lease.shard`, `DeadLetter.shard` and `GroupInfo.shard` say which, and
+    `requeue_dead` / `purge_dead` take `shard=` with seqs. Dedup ids are scoped to their group
+    (the same id in two groups is two messages)."""
+
+    def __init__(
+        self,
+        shards: str | Mapping[str, AsyncTransport],
+        *,
+        queue: str = "default",
+        codec: Codec | type[Any] | None = None,
+        clock: Callable[[], float] = time.time,
+        deadline: float = DEFAULT_DEADLINE,
+        claim_deadline: float = DEFAULT_CLAIM_DEADLINE,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        dedup_window: float = DEFAULT_DEDUP_WINDOW,
+        dedup_key: Callable[[Any], str | None] | None = None,
+        max_skew: float | None = DEFAULT_MAX_SKEW,
+        **options: Any,
+    ) -> None:
+        check_seconds(deadline, "deadline", allow_zero=False)
+        check_seconds(claim_deadline, "claim_deadline", allow_zero=False)
+        unknown = set(options) - {"timeout", "auth", "verify", "skew_warning", "busy_timeout"}
+        if unknown:
+            raise TypeError(f"unexpected keyword argument(s): {', '.join(sorted(unknown))}")
+        core = QueueCore(
+            queue=queue,
+            codec=codec,
+            clock=clock,
+            token=_token,
+            chance=random.random,
+            max_payload_bytes=max_payload_bytes,
+            dedup_window=dedup_window,
+            dedup_key=dedup_key,
+            max_skew=max_skew,
+        )
+        if isinstance(shards, Mapping):
+            backends = _given_backends(shards, queue)
+            shard_list = ShardList(tuple(ShardSpec(name, "") for name in backends))
+        else:
+            shard_list = parse_shard_list(shards)
+            backends = _opened_backends(shard_list, core, options)
+        self._shards = AsyncShardRouter(
+            backends, shard_list, core, claim_deadline=min(float(deadline), claim_deadline)
+        )
+        super().__init__(self._shards, core, deadline=deadline)
+
+    @property
+    def names(self) -> list[str]:
+        """The shards' names, in the order given."""
+        return list(self._shards.names)
+
+    @property
+    def shard_list(self) -> ShardList:
+        """The shards, their part in a change of the list, and the list's epoch."""
+        return self._shards.shard_list
+
+    @property
+    def claim_deadline(self) -> float:
+        return self._shards.claim_deadline
+
+    def shard(self, name: str) -> AsyncTransport:
+        """The queue on one of the shards alone."""
+        backend = self._shards.backend(name)
+        return AsyncTransport(AsyncClusterRouter(backend), backend.core, deadline=self.deadline)
+
+    def shard_of(self, group_id: str) -> str:
+        """The name of the shard `group_id` lives on (while the shard list changes: the shard
+        that takes its new messages once its old shard has none left)."""
+        return self.placement(group_id)[0]
+
+    def placement(self, group_id: str) -> tuple[str, str]:
+        """(target, previous) of `ShardList.placement`: the same shard twice unless the group
+        moves in the change of the shard list under way."""
+        check_id(group_id, "group_id")
+        return self.shard_list.placement(group_id)
+
+    def down_shards(self) -> list[str]:
+        """The shards that did not answer and are being probed in the background (down, or
+        skipped by claims)."""
+        return self._shards.health.down()
+
+    async def release_moved_groups(self) -> int:
+        """Let the new shards serve the moving groups whose old shard has delivered all of
+        theirs (done after each such ack too; this catches any a crash left held). Returns
+        how many were still held."""
+        self._core.check_open()
+        return await self._shards.release_moved_groups(self._by())
+
+    async def shard_status(self) -> list[ShardStatus]:
+        """Each shard as a change of the shard list sees it: its part in the change, whether
+        it answers, the list epoch it has been given, its depth and groups, the groups that
+        still have to leave it, its dead letters and the schedules that belong elsewhere.
+        Pages through every group: an operator's call."""
+        self._core.check_open()
+        return await self._shards.shard_status(self._by())
+
+
+def _token() -> str:
+    return uuid.uuid4().hex
+
+
+def _rqlite_backend(
+    url: str,
+    core: QueueCore,
+    *,
+    timeout: float = 10.0,
+    auth: tuple[str, str] | None = None,
+    verify: bool | str = True,
+    skew_warning: float = 1.0,
+) -> AsyncBackend:
+    check_seconds(timeout, "timeout", allow_zero=False)
+    check_seconds(skew_warning, "skew_warning", allow_zero=False)
+    if core.max_skew is None:
+        skew_warning = float("inf")  # a clock of the caller's own: not ours to judge
+    if auth is not None and not (
+        isinstance(auth, tuple) and len(auth) == 2 and all(isinstance(a, str) for a in auth)
+    ):
+        raise InvalidArgument("auth must be a (user, password) pair of strings")
+    client = AiohttpClient(
+        parse_endpoints(url, auth),
+        timeout=timeout,
+        verify=verify,
+        skew_warning=skew_warning,
+        clock=core.clock,
+    )
+    return AsyncBackend(client, core, skew=client.clock_skew)
+
+
+def _sqlite_backend(path: str, core: QueueCore, *, busy_timeout: float = 30.0) -> AsyncBackend:
+    check_seconds(busy_timeout, "busy_timeout", allow_zero=False)
+    return AsyncBackend(AsyncSqliteExecutor(path, busy_timeout=busy_timeout), core)
+
+
+def _opened_backends(
+    shard_list: ShardList, core: QueueCore, options: Mapping[str, Any]
+) -> dict[str, AsyncBackend]:
+    embedded = {k: v for k, v in options.items() if k == "busy_timeout"}
+    remote = {k: v for k, v in options.items() if k != "busy_timeout"}
+    backends: dict[str, AsyncBackend] = {}
+    try:
+        for spec in shard_list.specs:
+            if spec.url.startswith("sqlite://"):
+                backends[spec.name] = _sqlite_backend(_sqlite_path(spec.url), core, **embedded)
+            else:
+                backends[spec.name] = _rqlite_backend(spec.url, core, **remote)
+    except BaseException:
+        core.closed = True  # nothing was opened that needs closing: no request was sent
+        raise
+    return backends
+
+
+def _given_backends(shards: Mapping[str, AsyncTransport], queue: str) -> dict[str, AsyncBackend]:
+    backends: dict[str, AsyncBackend] = {}
+    for name, transport in shards.items():
+        router = getattr(transport, "router", None)
+        if not isinstance(router, AsyncClusterRouter):
+            raise InvalidArgument(
+                f"shard {name!r}: not a single-cluster transport: {show(transport)}"
+            )
+        if transport.queue != queue:
+            raise InvalidArgument(f"shard {name!r} is on queue {transport.queue!r}, not {queue!r}")
+        backends[check_shard_name(name)] = router.backend
+    if not backends:
+        raise InvalidArgument("a sharded transport needs at least one shard")
+    return backends
+
+
+def _sqlite_path(url: str) -> str:
+    path = url.removeprefix("sqlite://")
+    if not path.startswith("/") or path == "/":
+        raise InvalidArgument("sqlite URL needs a path: sqlite:///relative.db or sqlite:////abs.db")
+    return path[1:] or ":memory:"
