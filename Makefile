@@ -28,9 +28,12 @@ rqlited: $(STAMP)
 generate: $(STAMP)
 	$(BIN)/python scripts/gen_sync.py
 
+# ruff (with the private-member rule on the library), and the import layers of
+# docs/architecture.md (import-linter, configured in pyproject.toml).
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench scripts
 	$(BIN)/ruff format --check src tests bench scripts
+	$(BIN)/lint-imports
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -6,6 +6,7 @@ python scripts/gen_sync.py --check  # exit 1 if _sync/ is not what _async/ gener
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import tempfile
@@ -26,6 +27,7 @@ REPLACEMENTS = {
     "AsyncBackend": "Backend",
     "AsyncClusterRouter": "ClusterRouter",
     "AsyncShardRouter": "ShardRouter",
+    "AsyncMoves": "Moves",
     "AsyncRouter": "Router",
     "AsyncRuntime": "SyncRuntime",
     "AsyncWorker": "Worker",
@@ -77,7 +79,19 @@ def generate(target: Path) -> None:
             check=True,
         )
         for file in files:
-            (target / file.name).write_text(HEADER + file.read_text())
+            (target / file.name).write_text(HEADER + _sync_names_in_backticks(file.read_text()))
+
+
+def _sync_names_in_backticks(text: str) -> str:
+    """unasync renames code, not text: the names quoted in docstrings and comments
+    (`AsyncTransport`) are renamed here, so the sync docs name the sync classes."""
+    names = {k: v for k, v in REPLACEMENTS.items() if k[:1].isupper()}
+    word = re.compile(r"\b(" + "|".join(sorted(names, key=len, reverse=True)) + r")\b")
+
+    def rename(span: re.Match[str]) -> str:
+        return word.sub(lambda m: names[m.group(1)], span.group(0))
+
+    return re.sub(r"`[^`\n]+`", rename, text)
 
 
 def main() -> int:

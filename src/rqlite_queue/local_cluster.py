@@ -285,7 +285,7 @@ class Node:
         self.paused = False
         self._started_once = False
         # Set by stop()/kill(), so an exit we caused is not mistaken for a crash.
-        self._exit_expected = False
+        self.exit_expected = False
 
     def __repr__(self) -> str:
         state = "running" if self.is_running else "stopped"
@@ -324,7 +324,7 @@ class Node:
     def crashed(self) -> bool:
         """The process exited without stop()/kill() asking it to (e.g. a fatal startup error)."""
         return (
-            self.process is not None and self.process.poll() is not None and not self._exit_expected
+            self.process is not None and self.process.poll() is not None and not self.exit_expected
         )
 
     def command(self) -> list[str]:
@@ -388,7 +388,7 @@ class Node:
         _register(proc)
         self.process = proc
         self.paused = False
-        self._exit_expected = False
+        self.exit_expected = False
         try:
             self._wait_http(timeout)
         except BaseException:
@@ -426,7 +426,7 @@ class Node:
         proc = self.process
         if proc is None:
             return
-        self._exit_expected = True
+        self.exit_expected = True
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 proc.terminate()
@@ -444,7 +444,7 @@ class Node:
         proc = self.process
         if proc is None:
             return
-        self._exit_expected = True
+        self.exit_expected = True
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
@@ -684,7 +684,7 @@ class Cluster:
         to step down to peers that are already gone.
         """
         for node in self.nodes:
-            node._exit_expected = True
+            node.exit_expected = True
         procs = [n.process for n in self.nodes if n.process is not None]
         for proc in procs:
             if proc.poll() is None:

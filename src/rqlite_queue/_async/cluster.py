@@ -58,6 +58,7 @@ class AsyncBackend:
         self.resent = 0
         """Batches sent again after an unknown outcome (for tests and metrics)."""
         self._idle: dict[int, bool] = {}
+        self._closed = False
 
     async def setup(self, deadline: float) -> None:
         """Create the queue's tables if missing, or upgrade them, and check their version."""
@@ -189,8 +190,10 @@ class AsyncBackend:
         ]
 
     async def close(self) -> None:
-        if not self.core.closed:
-            self.core.closed = True
+        # Its own flag: the shards of a queue share one core, each closes its own executor.
+        self.core.closed = True
+        if not self._closed:
+            self._closed = True
             await self.executor.close()
 
 

@@ -612,7 +612,7 @@ class AsyncShardedTransport(AsyncTransport):
         theirs (done after each such ack too; this catches any a crash left held). Returns
         how many were still held."""
         self._core.check_open()
-        return await self._shards.release_moved_groups(self._by())
+        return await self._shards.moves.release_moved_groups(self._by())
 
     async def shard_status(self) -> list[ShardStatus]:
         """Each shard as a change of the shard list sees it: its part in the change, whether
@@ -620,7 +620,7 @@ class AsyncShardedTransport(AsyncTransport):
         still have to leave it, its dead letters and the schedules that belong elsewhere.
         Pages through every group: an operator's call."""
         self._core.check_open()
-        return await self._shards.shard_status(self._by())
+        return await self._shards.moves.shard_status(self._by())
 
 
 def _token() -> str:

@@ -1,19 +1,15 @@
-"""The router of a queue over several clusters (shards). This file is the source;
-`_sync/shards.py` is generated from it.
-
-Each group lives on one shard (`_protocol/sharding.py`), so within a group everything holds as
-on one cluster. What is truly cross-shard lives here and nowhere else: publishes split by shard
-behind the shard list's epoch (a moving group held on its new shard until its old one has
-delivered what it holds), a claim round gathered across shards (`PartialRound` when some
-shard's settlements were not applied), answers merged, schedules moved to their group's shard,
-the background probes of a shard that stopped answering, and changes of the shard list."""
+"""The router of a queue over several clusters (shards); `_sync/shards.py` is generated from it.
+A group lives on one shard (`_protocol/sharding.py`), so within a group all holds as on one
+cluster. Only what is cross-shard lives here: publishes split by shard behind the shard list's
+epoch, claim rounds gathered across shards, answers merged, schedules moved to their group's
+shard, the probes of a shard that stopped answering, and changes of the shard list."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
 from .._protocol.core import Plan, QueueCore
@@ -27,8 +23,6 @@ from .._protocol.sharding import (
     shares,
     split_by_shard,
     split_round,
-    status_of,
-    status_unknown,
 )
 from .._protocol.sql import NewMessage, ScheduleRow
 from .._runtime import AsyncFanOut, Awaitable
@@ -39,22 +33,21 @@ from ..errors import (
     PartialRound,
     QueueError,
     ShardDown,
-    StaleShardList,
     Unavailable,
 )
-from ..types import Lease, NodeView, Round, ShardStatus
+from ..types import NodeView, Round
 from .cluster import AsyncBackend, Merge
+from .moves import AsyncMoves
 
 T = TypeVar("T")
 
-PROBE_DEADLINE = 2.0
-"""How long a background probe of a down shard may take."""
+PROBE_DEADLINE = 2.0  # for a background probe of a down shard
 DEFAULT_CLAIM_DEADLINE = 2.0
-"""How long a claim round waits for one shard: a shard that does not answer in time is
-skipped by claims (the others' leases are returned) until it answers a background probe."""
+"""How long a claim round waits for one shard: one that does not answer in time is skipped by
+claims (the others' leases are returned) until it answers a background probe."""
 RELEASE_SWEEP = 1.0
-"""While the shard list changes, how often `fire_schedules` (called by workers) looks for
-moved groups still held on their new shard after their old one emptied (after a crash)."""
+"""While the shard list changes, how often workers look for moved groups still held on their
+new shard after their old one emptied (after a crash)."""
 NOT_ANSWERED = (Unavailable, OutcomeUnknown)
 
 
@@ -81,6 +74,7 @@ class AsyncShardRouter:
         self._fan = AsyncFanOut(len(self.backends))
         self._turn = 0
         self._next_release_sweep = 0.0
+        self.moves = AsyncMoves(self)
 
     @property
     def resent(self) -> int:
@@ -96,7 +90,7 @@ class AsyncShardRouter:
     async def setup(self, deadline: float) -> None:
         """Set every shard up; one that does not answer by `deadline` is marked down (and
         probed in the background), unless none answers."""
-        results = await self._on_many(self.names, lambda _, b: b.setup(deadline))
+        results = await self.on_many(self.names, lambda _, b: b.setup(deadline))
         failed = [(n, r) for n, r in results.items() if isinstance(r, BaseException)]
         if len(failed) == len(self.names):
             raise Unavailable(f"no shard answered: {failed[0][0]}: {failed[0][1]}")
@@ -120,26 +114,25 @@ class AsyncShardRouter:
             if retry is None or await self._fan.pause(max(0.01, retry - time.monotonic())):
                 return
 
-    def _check_up(self, name: str, leases: bool = False) -> None:
+    def check_up(self, name: str, leases: bool = False) -> None:
         self.health.check_up(name, time.monotonic(), leases)
 
     def _claim_by(self, deadline: float) -> float:
         return min(deadline, time.monotonic() + self.claim_deadline)
 
-    async def _on(
-        self, name: str, call: Callable[[AsyncBackend], Awaitable[T]], leases: bool = False
-    ) -> T:
-        """Run `call` on one shard; a shard found unavailable is marked down."""
-        self._check_up(name, leases)
-        try:
-            return await call(self.backends[name])
-        except ShardDown:
-            raise
-        except NOT_ANSWERED:
-            self._mark_down(name)
-            raise
+    async def on(self, name: str, plan: Plan[T], deadline: float) -> T:
+        """Run `plan` on one shard (refused at once if it is down; marked down if it does
+        not answer)."""
+        return await self.on_one(name, lambda _, backend: backend.run(plan, deadline))
 
-    async def _on_many(
+    async def on_one(self, name: str, call: Callable[[str, AsyncBackend], Awaitable[T]]) -> T:
+        self.check_up(name)
+        result = (await self.on_many([name], call))[name]
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    async def on_many(
         self,
         names: Sequence[str],
         call: Callable[[str, AsyncBackend], Awaitable[T]],
@@ -159,26 +152,25 @@ class AsyncShardRouter:
             out[name] = result
         return out
 
-    async def _answering(
+    async def answering(
         self, call: Callable[[str, AsyncBackend], Awaitable[T]], workers: bool = False
     ) -> dict[str, T]:
         """Run `call` on every shard that answers. `workers`: a call of the workers' loop: on
         the shards claims go to, skipping (like claims) one that failed to answer it."""
         names = self.health.claimable() if workers else self.health.live()
-        results = await self._on_many(names, call, claims=workers)
-        answered = {n: r for n, r in results.items() if not isinstance(r, BaseException)}
-        if not answered:
-            raise Unavailable(f"queue {self.core.names.queue!r}: no shard answered")
-        return answered
+        results = await self.on_many(names, call, claims=workers)
+        if answered := {n: r for n, r in results.items() if not isinstance(r, BaseException)}:
+            return answered
+        raise Unavailable(f"queue {self.core.names.queue!r}: no shard answered")
 
     async def _everywhere(
         self, plan: Plan[T], deadline: float, what: str, names: Sequence[str] | None = None
     ) -> dict[str, T]:
-        """Run `plan` on every shard (or on `names`); Unavailable, naming them, if some are
-        down or did not answer."""
+        """Run `plan` on every shard (or on `names`); Unavailable naming those that are down
+        or did not answer."""
         targets = self.names if names is None else names
         live = [name for name in targets if name in self.health.live()]
-        results = await self._on_many(live, lambda _, backend: backend.run(plan, deadline))
+        results = await self.on_many(live, lambda _, backend: backend.run(plan, deadline))
         answered = {n: r for n, r in results.items() if not isinstance(r, BaseException)}
         if missing := [name for name in targets if name not in answered]:
             raise Unavailable(f"{what}: shard(s) {', '.join(missing)} did not answer")
@@ -197,10 +189,10 @@ class AsyncShardRouter:
     ) -> T:
         """On the shard that has the group's messages. `empties`: the call may leave a moving
         group with none on its old shard, which then lets its new shard serve it."""
-        name = await self._locate(group_id, deadline)
-        result = await self._on(name, lambda backend: backend.run(plan, deadline))
+        name = await self.moves.locate(group_id, deadline)
+        result = await self.on(name, plan, deadline)
         if empties and self.shard_list.changing and name != self.shard_list.shard_of(group_id):
-            await self._release_if_gone({group_id}, deadline)
+            await self.moves.release_if_gone({group_id}, deadline)
         return merge({name: result}, []) if merge is not None else result
 
     async def everywhere(self, plan: Plan[T], deadline: float, what: str) -> list[T]:
@@ -209,9 +201,9 @@ class AsyncShardRouter:
     async def gather(
         self, plan: Plan[T], deadline: float, merge: Merge[T], *, workers: bool = False
     ) -> T:
-        """From every shard that answers, merged; `workers`: as claims do (`_answering`)."""
+        """From every shard that answers, merged; `workers`: as claims do (`answering`)."""
         by = self._claim_by(deadline) if workers else deadline
-        results = await self._answering(lambda _, b: b.run(plan, by), workers)
+        results = await self.answering(lambda _, b: b.run(plan, by), workers)
         return merge(results, [name for name in self.names if name not in results])
 
     async def publish(self, messages: Sequence[NewMessage], deadline: float) -> list[int]:
@@ -220,8 +212,8 @@ class AsyncShardRouter:
         parts = split_by_shard(messages, lambda m: self.shard_list.shard_of(m.group_id))
         plans = {n: self.core.publish([messages[i] for i in ix]) for n, ix in parts.items()}
         for name in parts:
-            self._check_up(name)
-        waiting = await self._still_on_old_shards({m.group_id for m in messages}, deadline)
+            self.check_up(name)
+        waiting = await self.moves.still_on_old_shards({m.group_id for m in messages}, deadline)
 
         async def part(name: str, backend: AsyncBackend) -> list[int]:
             held = sorted({messages[i].group_id for i in parts[name]} & waiting)
@@ -229,9 +221,9 @@ class AsyncShardRouter:
                 plan = self.core.guarded(plans[name], self.shard_list.epoch, held)
                 return await backend.run(plan, deadline)
             except BackendError as exc:
-                raise self._stale(name, exc) from exc
+                raise self.moves.stale(name, exc) from exc
 
-        results = await self._on_many(list(parts), part)
+        results = await self.on_many(list(parts), part)
         published = {n: r for n, r in results.items() if not isinstance(r, BaseException)}
         failed = [(n, r) for n, r in results.items() if isinstance(r, BaseException)]
         if failed and len(parts) == 1:
@@ -270,11 +262,11 @@ class AsyncShardRouter:
         ) -> Round:
             settle = settling and name in parts
             if settle:
-                self._check_up(name, leases=True)
+                self.check_up(name, leases=True)
             mine = checked.part(parts[name] if settle else (), want.get(name, 0))
             return await backend.round(mine, self._claim_by(deadline), probe_when_idle=not settle)
 
-        results = await self._on_many(first, functools.partial(part, want, True), claims=True)
+        results = await self.on_many(first, functools.partial(part, want, True), claims=True)
         rounds = {n: r for n, r in results.items() if not isinstance(r, BaseException)}
         unsettled = [s for n in results if n not in rounds for s in parts.get(n, ())]
         exhausted = {
@@ -287,7 +279,7 @@ class AsyncShardRouter:
             ask = [name for name in ask if more_want[name]]
             if not ask:
                 break
-            more = await self._on_many(ask, functools.partial(part, more_want, False), claims=True)
+            more = await self.on_many(ask, functools.partial(part, more_want, False), claims=True)
             for name, extra in more.items():
                 if isinstance(extra, BaseException) or len(extra.leases) < more_want[name]:
                     exhausted.add(name)
@@ -301,7 +293,7 @@ class AsyncShardRouter:
             # On failure left held: the next settlement or release_moved_groups() frees them.
             with contextlib.suppress(*NOT_ANSWERED):
                 finished = finished_on(checked, self.shard_list.shard_of_lease, rounds)
-                await self._release_moved(finished, deadline)
+                await self.moves.release_moved(finished, deadline)
         done = merge_rounds(checked, rounds, unsettled)
         if unsettled:
             down = sorted({self.shard_list.shard_of_lease(s.lease) for s in unsettled})
@@ -317,22 +309,22 @@ class AsyncShardRouter:
         lease's shard; when only one shard is concerned, its error is raised as it is."""
         parts = split_round(checked, self.shard_list.shard_of_lease)
         for name in parts:
-            self._check_up(name, leases=True)
+            self.check_up(name, leases=True)
 
         async def part(name: str, backend: AsyncBackend) -> Round:
             mine = checked.part(parts[name], 0)
             return await backend.round(mine, deadline, probe_when_idle=False)
 
-        if len(parts) == 1:
+        if len(parts) == 1:  # its error as it is
             [name] = parts
-            rounds = {name: await self._on(name, functools.partial(part, name), True)}
+            rounds = {name: await self.on_one(name, part)}
         else:
-            results = await self._on_many(list(parts), part)
+            results = await self.on_many(list(parts), part)
             rounds = {n: r for n, r in results.items() if not isinstance(r, BaseException)}
             if failed := [name for name in results if name not in rounds]:
                 raise Unavailable(f"{what}: shard(s) {', '.join(failed)} did not answer")
         finished = finished_on(checked, self.shard_list.shard_of_lease, rounds)
-        await self._release_moved(finished, deadline)
+        await self.moves.release_moved(finished, deadline)
         return merge_rounds(checked, rounds, ())
 
     async def schedule(self, plan: Plan[T], name: str, group_id: str, deadline: float) -> T:
@@ -341,11 +333,11 @@ class AsyncShardRouter:
         target = self.shard_list.shard_of(group_id)
         others = [n for n in self.names if n != target]
         for other in others:
-            self._check_up(other)
+            self.check_up(other)
         if others:
             plan_elsewhere = self.core.unschedule(name)
             await self._everywhere(plan_elsewhere, deadline, f"schedule {name!r}", others)
-        return await self._on(target, lambda backend: backend.run(plan, deadline))
+        return await self.on(target, plan, deadline)
 
     async def fire_schedules(self, deadline: float) -> int:
         """Each shard fires its own schedules. A schedule whose group lives on another shard
@@ -353,8 +345,8 @@ class AsyncShardRouter:
         changes, the schedules of groups that move wait (their ticks are then caught up)."""
         if self.shard_list.changing and time.monotonic() >= self._next_release_sweep:
             self._next_release_sweep = time.monotonic() + RELEASE_SWEEP
-            await self.release_moved_groups(deadline)
-        results = await self._answering(functools.partial(self._fire_on, deadline), True)
+            await self.moves.release_moved_groups(deadline)
+        results = await self.answering(functools.partial(self._fire_on, deadline), True)
         return sum(results.values())
 
     async def _fire_on(self, deadline: float, name: str, backend: AsyncBackend) -> int:
@@ -365,7 +357,7 @@ class AsyncShardRouter:
             if target == previous == name:
                 fire.append(row)
             elif target == previous:  # on the group's shard first, then gone from here
-                self._check_up(target)
+                self.check_up(target)
                 await self.backends[target].run(self.core.put_row(row), deadline)
                 await backend.run(self.core.unschedule(row.name), deadline)
         return await backend.run(self.core.fire(fire), self._claim_by(deadline)) if fire else 0
@@ -387,7 +379,7 @@ class AsyncShardRouter:
             return sum((await self._everywhere(plan, deadline, what)).values())
         name = self.names[0] if shard is None else shard
         self.backend(name)  # an unknown name is refused
-        return await self._on(name, lambda backend: backend.run(plan, deadline))
+        return await self.on(name, plan, deadline)
 
     async def nodes(self) -> list[NodeView]:
         """Each shard's nodes, named `shard/node`."""
@@ -403,104 +395,3 @@ class AsyncShardRouter:
         await self._fan.close()
         for name in self.names:
             await self.backends[name].close()
-
-    # ---------------------------------------------------------- changes of the shard list
-
-    async def _locate(self, group_id: str, deadline: float) -> str:
-        """The shard that has the group's messages now: its previous shard while it still
-        has messages there during a change of the list, else its target."""
-        target, previous = self.shard_list.placement(group_id)
-        if target == previous:
-            return target
-        plan = self.core.peek(group_id, 1)
-        here = await self._on(previous, lambda backend: backend.run(plan, deadline))
-        return previous if here else target
-
-    async def _still_on_old_shards(self, group_ids: Iterable[str], deadline: float) -> set[str]:
-        """Of these groups, the moving ones that still have messages on their old shard. The
-        question is a write there, which gives the old shard this client's epoch: from then
-        on no client with an older list can add to them."""
-        asked: dict[str, list[str]] = {}
-        for group_id in group_ids:
-            target, previous = self.shard_list.placement(group_id)
-            if target != previous:
-                asked.setdefault(previous, []).append(group_id)
-        for name in asked:
-            self._check_up(name)
-
-        async def ask(name: str, backend: AsyncBackend) -> set[str]:
-            try:
-                plan = self.core.groups_present(asked[name], self.shard_list.epoch)
-                return await backend.run(plan, deadline)
-            except BackendError as exc:
-                raise self._stale(name, exc) from exc
-
-        present: set[str] = set()
-        for result in (await self._on_many(list(asked), ask)).values():
-            if isinstance(result, BaseException):
-                raise result  # where the group is cannot be known: nothing is published
-            present |= result
-        return present
-
-    def _stale(self, name: str, exc: BackendError) -> BaseException:
-        """What a failed guarded batch means: StaleShardList, or the error itself."""
-        if not self.core.is_stale_epoch(exc):
-            return exc
-        return StaleShardList(
-            f"shard {name!r} has been given a newer shard list than this client's (epoch "
-            f"{self.shard_list.epoch}): nothing was published; give this client the new list"
-        )
-
-    async def _release_moved(self, leases: Iterable[Lease], deadline: float) -> None:
-        """After messages left a moving group's old shard (acked, dead-lettered): if it has
-        none left there, its new shard may serve it."""
-        if self.shard_list.changing and (groups := self.shard_list.left_old_shard(leases)):
-            await self._release_if_gone(groups, deadline)
-
-    async def _release_if_gone(self, groups: set[str], deadline: float) -> None:
-        by_target: dict[str, list[str]] = {}
-        for group_id in groups - await self._still_on_old_shards(groups, deadline):
-            by_target.setdefault(self.shard_list.shard_of(group_id), []).append(group_id)
-
-        async def release(name: str, backend: AsyncBackend) -> None:
-            await backend.run(self.core.release_waits(sorted(by_target[name])), deadline)
-
-        await self._on_many(list(by_target), release)
-
-    async def release_moved_groups(self, deadline: float) -> int:
-        """Let the new shards serve the moving groups whose old shard has delivered all of
-        theirs. Returns how many were still held."""
-        if not self.shard_list.changing:
-            return 0
-        plan = self.core.waiting_groups(10_000)
-        results = await self._answering(lambda _, backend: backend.run(plan, deadline))
-        waiting = {group_id for found in results.values() for group_id in found}
-        if waiting:
-            await self._release_if_gone(waiting, deadline)
-        return len(waiting)
-
-    async def shard_status(self, deadline: float) -> list[ShardStatus]:
-        """Each shard as a change of the shard list sees it (see `ShardStatus`). Pages
-        through every group: an operator's call."""
-        core = self.core
-
-        async def one(name: str, backend: AsyncBackend) -> ShardStatus:
-            leaving, after = 0, None
-            while True:
-                plan = core.groups(state=None, prefix=None, min_priority=0, limit=1000, after=after)
-                page = await backend.run(plan, deadline)
-                leaving += self.shard_list.leaving(name, page)
-                if len(page) < 1000:
-                    break
-                after = page[-1].group_id
-            stats = await backend.run(core.stats(), deadline)
-            epoch = await backend.run(core.shard_epoch(), deadline)
-            schedules = await backend.run(core.schedules(), deadline)
-            waiting = await backend.run(core.waiting_groups(1_000_000), deadline)
-            return status_of(name, self.shard_list, stats, epoch, leaving, schedules, len(waiting))
-
-        results = await self._on_many(self.names, one)
-        return [
-            r if not isinstance(r, BaseException) else status_unknown(n, self.shard_list)
-            for n, r in results.items()
-        ]

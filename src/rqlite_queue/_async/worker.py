@@ -2,7 +2,7 @@
 reused threads or tasks, heartbeats, retries with backoff, dead-letters, stops gracefully. This
 file is the source; `_sync/worker.py` (threads) is generated from it by `scripts/gen_sync.py`;
 what threads and asyncio do differently lives in `_runtime.py`, the decisions in
-`worker_policy.py`."""
+`_protocol/worker_policy.py`."""
 
 from __future__ import annotations
 

@@ -3,8 +3,8 @@
 plans and keeps the state that belongs to that cluster, and the router of a queue that lives on
 one cluster. This file is the source; `_sync/cluster.py` is generated from it.
 
-A Worker's round passes through here: `AsyncTransport.settle_and_claim` (queue.py) gives the
-checked round to `AsyncClusterRouter.round`, whose backend builds the plan (`core.round` ->
+A Worker's round passes through here: `Transport.settle_and_claim` (queue.py) gives the
+checked round to `ClusterRouter.round`, whose backend builds the plan (`core.round` ->
 `sql.round_trips`) and sends its batch through the executor (`rqlite_client.py` over HTTP, or
 `_io/sqlite.py`); the plan reads the reply."""
 
@@ -58,6 +58,7 @@ class Backend:
         self.resent = 0
         """Batches sent again after an unknown outcome (for tests and metrics)."""
         self._idle: dict[int, bool] = {}
+        self._closed = False
 
     def setup(self, deadline: float) -> None:
         """Create the queue's tables if missing, or upgrade them, and check their version."""
@@ -187,8 +188,10 @@ class Backend:
         ]
 
     def close(self) -> None:
-        if not self.core.closed:
-            self.core.closed = True
+        # Its own flag: the shards of a queue share one core, each closes its own executor.
+        self.core.closed = True
+        if not self._closed:
+            self._closed = True
             self.executor.close()
 
 

@@ -2,7 +2,7 @@
 """The HTTP client for an rqlite cluster: drives `_protocol.http.exchange` (the retry policy, no
 I/O) with real requests and sleeps. This file is the source; `_sync/rqlite_client.py` is
 generated from it (`scripts/gen_sync.py`). The request itself is the HTTP library's:
-`_io.aiohttp_client.AiohttpClient` and `_io.urllib3_client.Urllib3Client` implement `_post`."""
+`_io.aiohttp_client.Urllib3Client` and `_io.urllib3_client.Urllib3Client` implement `_post`."""
 
 from __future__ import annotations
 

@@ -183,6 +183,6 @@ def cli(ctx: click.Context, url: str, queue: str, timeout: float, verbose: bool)
         stream=sys.stderr,
     )
     if not verbose:
-        logging.getLogger("httpx").setLevel(logging.WARNING)
+        logging.getLogger("urllib3").setLevel(logging.WARNING)
     _state.verbose = verbose
     ctx.obj = Config(url=url, queue=queue, timeout=timeout)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import inspect
 import os
 import sys
 from collections.abc import Callable
@@ -13,6 +12,7 @@ from typing import Any
 import click
 
 from .. import AsyncTransport
+from ..worker import is_async_handler
 from ._base import (
     Config,
     HandlerError,
@@ -56,11 +56,6 @@ class HandlerParam(click.ParamType):  # type: ignore[type-arg]
         if not callable(target):
             self.fail(f"{value!r} is not callable", param, ctx)
         return target
-
-
-def _is_async(handler: Callable[..., Any]) -> bool:
-    call = getattr(handler, "__call__", None)  # noqa: B004 (a callable object's __call__)
-    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(call)
 
 
 @cli.command()
@@ -193,7 +188,7 @@ def worker(
     }
     _state.exit_hard = True
     run = {"until_empty": burst}
-    if _is_async(handler):
+    if is_async_handler(handler):
         asyncio.run(_run_async_worker(config, handler, options, run, metrics_port, metrics_host))
     else:
         _run_sync_worker(config, handler, options, run, metrics_port, metrics_host)
