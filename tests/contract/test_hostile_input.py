@@ -29,11 +29,11 @@ import pytest
 
 from rqlite_queue import InvalidArgument, Lease, LeaseLost, QueueError
 from rqlite_queue._protocol.checks import MAX_ID_BYTES, MAX_SECONDS
-from rqlite_queue._protocol.core import MAX_BATCH, MAX_REASON_BYTES
+from rqlite_queue._protocol.params import MAX_REASON_BYTES
 from rqlite_queue.codec import JsonCodec, RawCodec
 from rqlite_queue.errors import EncodeError, PayloadTooLarge, TransportClosed
 from rqlite_queue.testing import Cluster
-from rqlite_queue.types import Round
+from rqlite_queue.types import MAX_BATCH, Round
 
 from .conftest import FakeClock, MakeQueue, backend_url
 

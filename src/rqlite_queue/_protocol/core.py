@@ -39,15 +39,11 @@ from ..types import (
     Stats,
 )
 from . import sql
-from .cadence import check_cadence, missed, next_after
+from .cadence import missed
 from .checks import (
-    MAX_ID_BYTES,
-    MAX_SECONDS,
-    check_bool,
     check_id,
     check_int,
     check_seconds,
-    check_text,
     show,
 )
 from .params import (
@@ -60,6 +56,7 @@ from .params import (
     ScheduleSpec,
     Settlement,
     at_index,
+    check_reason,
 )
 from .sharding import scoped_dedup_id
 
@@ -71,11 +68,6 @@ DEFAULT_MAX_SKEW = 0.25
 """A lease (claim or extend) is refused when this client's clock is proven to be further
 than this fraction of the lease's visibility from the cluster's (None: never; for a clock of
 the caller's own, such as a test's fake clock)."""
-MAX_REASON_BYTES = 64 * 1024
-TOKEN_SUFFIX_BYTES = 64
-"""A lease token is its worker id, ':' and a random part of at most this many bytes."""
-EXPIRED = "expired"
-"""The reason of the dead letters of messages whose ttl passed before they were delivered."""
 PRUNE_CHANCE = 1 / 16
 """Pruning forgotten rows on a sixteenth of the calls that could leave some keeps the tables
 small at a sixteenth of the cost (every statement costs rqlite a parse on each node)."""
@@ -191,10 +183,16 @@ class QueueCore:
         """Check and encode messages to publish. `scoped`: dedup ids are scoped to their
         group (a sharded queue's: the same id in two groups is two messages)."""
         now = self._now()
-        return [
-            at_index(index, lambda m: self._message(m, now, scoped), m)
-            for index, m in enumerate(given)
-        ]
+
+        def checked(m: Message) -> sql.NewMessage:
+            row = m.checked(now, self._encode, self._dedup_id)
+            if scoped and row.dedup_id is not None:
+                return dataclasses.replace(
+                    row, dedup_id=scoped_dedup_id(row.group_id, row.dedup_id)
+                )
+            return row
+
+        return [at_index(index, checked, m) for index, m in enumerate(given)]
 
     def publish(self, messages: Sequence[sql.NewMessage]) -> Plan[list[int]]:
         """Publish checked messages atomically; the plan reads their seqs, in order."""
@@ -228,34 +226,13 @@ class QueueCore:
         every_message_deduplicated = all(m.dedup_id is not None for m in messages)
         return Plan(batch, read, read if every_message_deduplicated else None)
 
-    def _message(self, m: Message, now: float, scoped: bool) -> sql.NewMessage:
-        check_id(m.group_id, "group_id")
-        check_int(m.priority, "priority", 0, MAX_PRIORITY)
-        due = 0.0
-        if m.delay is not None and m.not_before is not None:
-            raise InvalidArgument("give delay= or not_before=, not both")
-        if m.delay is not None:
-            check_seconds(m.delay, "delay", allow_zero=True)
-            due = now + m.delay if m.delay > 0 else 0.0
-        if m.not_before is not None:
-            check_seconds(m.not_before, "not_before", allow_zero=True, high=now + MAX_SECONDS)
-            due = float(m.not_before) if m.not_before > now else 0.0
-        expires = None
-        if m.ttl is not None:
-            check_seconds(m.ttl, "ttl", allow_zero=False)
-            expires = now + m.ttl
-        text = self._encode(m.event)
-        dedup_id = m.dedup_id
-        if dedup_id is None and self.dedup_key is not None:
-            try:
-                dedup_id = self.dedup_key(m.event)
-            except Exception as exc:
-                raise InvalidArgument(f"dedup_key failed on this event: {exc!r}") from exc
-        if dedup_id is not None:
-            check_id(dedup_id, "dedup_id")
-            if scoped:
-                dedup_id = scoped_dedup_id(m.group_id, dedup_id)
-        return sql.NewMessage(m.group_id, text, m.priority, dedup_id, due, expires)
+    def _dedup_id(self, event: Any) -> str | None:
+        if self.dedup_key is None:
+            return None
+        try:
+            return self.dedup_key(event)
+        except Exception as exc:
+            raise InvalidArgument(f"dedup_key failed on this event: {exc!r}") from exc
 
     def _encode(self, event: Any) -> str:
         try:
@@ -282,43 +259,9 @@ class QueueCore:
 
     def check_round(self, spec: RoundSpec) -> CheckedRound:
         """Every argument of a round, checked once, before anything is sent anywhere."""
-        check_int(spec.n, "n", 0, MAX_BATCH)
-        check_int(spec.min_priority, "min_priority", 0, MAX_PRIORITY)
-        check_seconds(spec.visibility, "visibility", allow_zero=False)
-        check_bool(spec.hold_dead, "hold_dead")
-        if spec.worker_id is not None or spec.n:
-            check_id(spec.worker_id, "worker_id")
-        given: list[tuple[Lease, str, str | None, float, bool]] = []
-        given += [(lease, FINISH, None, 0.0, False) for lease in _items(spec.ack, "ack")]
-        for pair in _items(spec.dead, "dead"):
-            lease, reason = _pair(pair, "dead")
-            given.append((lease, FINISH, _reason(reason), 0.0, False))
-        for nack_pair in _items(spec.nack, "nack"):
-            lease, delay = _pair(nack_pair, "nack")
-            check_seconds(delay, "delay", allow_zero=True)
-            given.append((lease, GIVE_BACK, None, float(delay), False))
-        given += [(lease, EXTEND, None, 0.0, False) for lease in _items(spec.extend, "extend")]
-        given += [(lease, FINISH, EXPIRED, 0.0, True) for lease in _items(spec.expired, "expired")]
-        if len(given) > MAX_BATCH:
-            raise InvalidArgument(f"at most {MAX_BATCH} leases settled per call")
-        seen: set[tuple[str, str, int]] = set()
-        settlements = []
-        for index, (lease, kind, reason, delay, expired) in enumerate(given):
-            held = _held(lease)
-            key = (held.group_id, held.token, held.seq)
-            settlements.append(
-                Settlement(index, lease, held, kind, reason, delay, key in seen, expired)
-            )
-            seen.add(key)
+        checked = spec.checked()
         self._now()
-        return CheckedRound(
-            spec.worker_id,
-            float(spec.visibility),
-            spec.n,
-            spec.min_priority,
-            spec.hold_dead,
-            tuple(settlements),
-        )
+        return checked
 
     def round(self, checked: CheckedRound) -> Plan[Round]:
         """Settle leases and claim up to `n` new ones, in one transaction (see `sql.round_trip`).
@@ -472,7 +415,7 @@ class QueueCore:
 
     def cancel_group(self, group_id: str, reason: str) -> Plan[int]:
         check_id(group_id, "group_id")
-        reason = _reason(reason)
+        reason = check_reason(reason)
         batch = sql.cancel_group(self.names, group_id, reason, now=self._now())
         # Not resent: a second application would also cancel what was published since.
         return Plan(batch, lambda reply: reply["cancelled"].rows_affected)
@@ -494,28 +437,8 @@ class QueueCore:
     # ------------------------------------------------------------------ schedules
 
     def schedule(self, spec: ScheduleSpec) -> Plan[Schedule]:
-        check_id(spec.name, "name")
-        check_cadence(spec.every, spec.cron)
-        check_bool(spec.catch_up, "catch_up")
         now = self._now()
-        message = self._message(
-            Message(group_id=spec.group_id, event=spec.event, priority=spec.priority), now, False
-        )
-        if spec.start_at is None:
-            first = next_after(now, every=spec.every, cron=spec.cron, anchor=now)
-        else:
-            check_seconds(spec.start_at, "start_at", allow_zero=True, high=now + MAX_SECONDS)
-            first = float(spec.start_at)
-        row = sql.ScheduleRow(
-            spec.name,
-            spec.group_id,
-            message.event,
-            spec.priority,
-            spec.every,
-            spec.cron,
-            spec.catch_up,
-            first,
-        )
+        row = spec.checked(now, self._encode)
         schedule = self._schedule(row)
         return Plan(
             sql.put_schedule(self.names, row, now=now), lambda r: schedule, lambda r: schedule
@@ -716,40 +639,6 @@ def _prefix_end(prefix: str) -> str | None:
             return prefix[:-1] + chr(last)
         prefix = prefix[:-1]
     return None
-
-
-def _reason(reason: object) -> str:
-    if not isinstance(reason, str):
-        raise InvalidArgument(f"reason must be a string, got {show(reason)}")
-    check_text(reason, "reason", MAX_REASON_BYTES)
-    return reason
-
-
-def _held(lease: Lease) -> sql.Held:
-    if not isinstance(lease, Lease):
-        raise InvalidArgument(f"not a lease: {show(lease)}")
-    if not isinstance(lease.token, str) or not lease.token:
-        raise InvalidArgument("this lease has no token: it was not made by claim")
-    check_int(lease.seq, "lease.seq", 1, 2**63 - 1)
-    check_id(lease.group_id, "lease.group_id")
-    check_id(lease.token, "lease.token", MAX_ID_BYTES + TOKEN_SUFFIX_BYTES)
-    return sql.Held(lease.seq, lease.group_id, lease.token)
-
-
-def _items(value: object, what: str) -> list[Any]:
-    """A list or tuple of at most MAX_BATCH items (a mapping would be read as its keys, a
-    string or bytes as its characters)."""
-    if not isinstance(value, list | tuple):
-        raise InvalidArgument(f"{what} must be a list, got {show(value)}")
-    if len(value) > MAX_BATCH:
-        raise InvalidArgument(f"{what}: at most {MAX_BATCH} per call, got {len(value)}")
-    return list(value)
-
-
-def _pair(pair: object, what: str) -> tuple[Lease, Any]:
-    if not isinstance(pair, tuple) or len(pair) != 2:
-        raise InvalidArgument(f"{what} items are (lease, value) pairs, got {show(pair)}")
-    return pair[0], pair[1]
 
 
 def _by_index(settlement: Settlement) -> int:

@@ -1,8 +1,9 @@
-"""Each operation whose arguments travel through several layers, as one typed value: a publish
-(`Message`, with the one parser of `publish_many` items), a schedule (`ScheduleSpec`) and a
-round (`RoundSpec`). The queue builds one from its method's arguments; the core checks it and
-builds the plan; routers pass it on untouched. A new keyword is a field here and its use in
-the core, plus the public method's signature."""
+"""Each operation whose arguments travel through several layers, as one typed value with its
+checks beside it: a publish (`Message`, with the one parser of `publish_many` items), a
+schedule (`ScheduleSpec`) and a round (`RoundSpec`, checked into a `CheckedRound`). The queue
+builds one from its method's arguments; the core turns the checked value into a plan; routers
+pass it on untouched. So a new keyword is two edits: the public method's signature, and a
+field here with its check and meaning (plus the SQL, if it is stored)."""
 
 from __future__ import annotations
 
@@ -12,19 +13,34 @@ from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
 from ..errors import InvalidArgument
-from ..types import Lease, PublishItem
+from ..types import MAX_BATCH, MAX_PRIORITY, Lease, PublishItem
 from . import sql
-from .checks import show
+from .cadence import check_cadence, next_after
+from .checks import (
+    MAX_ID_BYTES,
+    MAX_SECONDS,
+    check_bool,
+    check_id,
+    check_int,
+    check_seconds,
+    check_text,
+    show,
+)
 
 T = TypeVar("T")
 
 MAX_PUBLISH = 100_000
 """Most messages in one publish_many."""
+MAX_REASON_BYTES = 64 * 1024
+TOKEN_SUFFIX_BYTES = 64
+"""A lease token is its worker id, ':' and a random part of at most this many bytes."""
+EXPIRED = "expired"
+"""The reason of the dead letters of messages whose ttl passed before they were delivered."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Message:
-    """One message to publish, as given (checked and encoded by `QueueCore.messages`)."""
+    """One message to publish, as given."""
 
     group_id: Any
     event: Any
@@ -33,6 +49,32 @@ class Message:
     delay: Any = None
     not_before: Any = None
     ttl: Any = None
+
+    def checked(
+        self, now: float, encode: Callable[[Any], str], dedup_id: Callable[[Any], str | None]
+    ) -> sql.NewMessage:
+        """The row to insert: every field checked, the event encoded, the dedup id (given,
+        or `dedup_id(event)`) checked."""
+        check_id(self.group_id, "group_id")
+        check_int(self.priority, "priority", 0, MAX_PRIORITY)
+        due = 0.0
+        if self.delay is not None and self.not_before is not None:
+            raise InvalidArgument("give delay= or not_before=, not both")
+        if self.delay is not None:
+            check_seconds(self.delay, "delay", allow_zero=True)
+            due = now + self.delay if self.delay > 0 else 0.0
+        if self.not_before is not None:
+            check_seconds(self.not_before, "not_before", allow_zero=True, high=now + MAX_SECONDS)
+            due = float(self.not_before) if self.not_before > now else 0.0
+        expires = None
+        if self.ttl is not None:
+            check_seconds(self.ttl, "ttl", allow_zero=False)
+            expires = now + self.ttl
+        text = encode(self.event)
+        dedup = self.dedup_id if self.dedup_id is not None else dedup_id(self.event)
+        if dedup is not None:
+            check_id(dedup, "dedup_id")
+        return sql.NewMessage(self.group_id, text, self.priority, dedup, due, expires)
 
     @classmethod
     def parse(cls, item: PublishItem) -> Message:
@@ -77,7 +119,7 @@ def at_index(index: int, check: Callable[[Any], T], item: Any) -> T:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ScheduleSpec:
-    """A periodic publish, as given to `schedule()` (checked by `QueueCore.schedule`)."""
+    """A periodic publish, as given to `schedule()`."""
 
     name: Any
     group_id: Any
@@ -88,12 +130,34 @@ class ScheduleSpec:
     catch_up: Any = False
     start_at: Any = None
 
+    def checked(self, now: float, encode: Callable[[Any], str]) -> sql.ScheduleRow:
+        """The row to store: every field checked, the event encoded, the first tick set."""
+        check_id(self.name, "name")
+        check_cadence(self.every, self.cron)
+        check_bool(self.catch_up, "catch_up")
+        message = Message(group_id=self.group_id, event=self.event, priority=self.priority)
+        event = message.checked(now, encode, lambda event: None).event
+        if self.start_at is None:
+            first = next_after(now, every=self.every, cron=self.cron, anchor=now)
+        else:
+            check_seconds(self.start_at, "start_at", allow_zero=True, high=now + MAX_SECONDS)
+            first = float(self.start_at)
+        return sql.ScheduleRow(
+            self.name,
+            self.group_id,
+            event,
+            self.priority,
+            self.every,
+            self.cron,
+            self.catch_up,
+            first,
+        )
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RoundSpec:
     """Settlements and a claim in one round trip, as given to `settle_and_claim()` (the
-    single calls on a lease are rounds with one settlement; a claim, one with none).
-    Checked by `QueueCore.check_round`."""
+    single calls on a lease are rounds with one settlement; a claim, one with none)."""
 
     worker_id: Any = None
     visibility: Any = 30.0
@@ -106,6 +170,45 @@ class RoundSpec:
     hold_dead: Any = False
     expired: Sequence[Lease] = ()
     """Leases taken on messages whose ttl had passed: dead-lettered with reason `expired`."""
+
+    def checked(self) -> CheckedRound:
+        """Every argument checked, once, before anything is sent anywhere."""
+        check_int(self.n, "n", 0, MAX_BATCH)
+        check_int(self.min_priority, "min_priority", 0, MAX_PRIORITY)
+        check_seconds(self.visibility, "visibility", allow_zero=False)
+        check_bool(self.hold_dead, "hold_dead")
+        if self.worker_id is not None or self.n:
+            check_id(self.worker_id, "worker_id")
+        given: list[tuple[Lease, str, str | None, float, bool]] = []
+        given += [(lease, FINISH, None, 0.0, False) for lease in _items(self.ack, "ack")]
+        for pair in _items(self.dead, "dead"):
+            lease, reason = _pair(pair, "dead")
+            given.append((lease, FINISH, check_reason(reason), 0.0, False))
+        for nack_pair in _items(self.nack, "nack"):
+            lease, delay = _pair(nack_pair, "nack")
+            check_seconds(delay, "delay", allow_zero=True)
+            given.append((lease, GIVE_BACK, None, float(delay), False))
+        given += [(lease, EXTEND, None, 0.0, False) for lease in _items(self.extend, "extend")]
+        given += [(lease, FINISH, EXPIRED, 0.0, True) for lease in _items(self.expired, "expired")]
+        if len(given) > MAX_BATCH:
+            raise InvalidArgument(f"at most {MAX_BATCH} leases settled per call")
+        seen: set[tuple[str, str, int]] = set()
+        settlements = []
+        for index, (lease, kind, reason, delay, expired) in enumerate(given):
+            held = _held(lease)
+            key = (held.group_id, held.token, held.seq)
+            settlements.append(
+                Settlement(index, lease, held, kind, reason, delay, key in seen, expired)
+            )
+            seen.add(key)
+        return CheckedRound(
+            self.worker_id,
+            float(self.visibility),
+            self.n,
+            self.min_priority,
+            self.hold_dead,
+            tuple(settlements),
+        )
 
 
 FINISH, GIVE_BACK, EXTEND = "finish", "give_back", "extend"
@@ -149,3 +252,37 @@ class CheckedRound:
     def part(self, settlements: Sequence[Settlement], n: int) -> CheckedRound:
         """The same round with only `settlements`, claiming `n`."""
         return dataclasses.replace(self, settlements=tuple(settlements), n=n)
+
+
+def check_reason(reason: object) -> str:
+    if not isinstance(reason, str):
+        raise InvalidArgument(f"reason must be a string, got {show(reason)}")
+    check_text(reason, "reason", MAX_REASON_BYTES)
+    return reason
+
+
+def _held(lease: Lease) -> sql.Held:
+    if not isinstance(lease, Lease):
+        raise InvalidArgument(f"not a lease: {show(lease)}")
+    if not isinstance(lease.token, str) or not lease.token:
+        raise InvalidArgument("this lease has no token: it was not made by claim")
+    check_int(lease.seq, "lease.seq", 1, 2**63 - 1)
+    check_id(lease.group_id, "lease.group_id")
+    check_id(lease.token, "lease.token", MAX_ID_BYTES + TOKEN_SUFFIX_BYTES)
+    return sql.Held(lease.seq, lease.group_id, lease.token)
+
+
+def _items(value: object, what: str) -> list[Any]:
+    """A list or tuple of at most MAX_BATCH items (a mapping would be read as its keys, a
+    string or bytes as its characters)."""
+    if not isinstance(value, list | tuple):
+        raise InvalidArgument(f"{what} must be a list, got {show(value)}")
+    if len(value) > MAX_BATCH:
+        raise InvalidArgument(f"{what}: at most {MAX_BATCH} per call, got {len(value)}")
+    return list(value)
+
+
+def _pair(pair: object, what: str) -> tuple[Lease, Any]:
+    if not isinstance(pair, tuple) or len(pair) != 2:
+        raise InvalidArgument(f"{what} items are (lease, value) pairs, got {show(pair)}")
+    return pair[0], pair[1]
