@@ -86,3 +86,36 @@ def test_the_pytest_plugin_is_registered() -> None:
 
     plugins = {ep.name: ep.value for ep in entry_points(group="pytest11")}
     assert plugins.get("rqlite_queue") == "rqlite_queue.testing.plugin"
+
+
+def test_the_public_surface_is_small_and_every_other_name_has_a_home() -> None:
+    """`rqlite_queue.__all__` holds what users reach for; the names that lived at the top
+    before are still found there (with a warning naming their home), and every public module
+    documents its own `__all__` or names."""
+    import rqlite_queue
+    import rqlite_queue.codec
+    import rqlite_queue.errors
+    import rqlite_queue.types
+
+    assert len(rqlite_queue.__all__) <= 22
+    for name in rqlite_queue.__all__:
+        assert getattr(rqlite_queue, name) is not None
+    with pytest.warns(DeprecationWarning, match=r"rqlite_queue\.types\.Stats"):
+        assert rqlite_queue.Stats is rqlite_queue.types.Stats  # type: ignore[attr-defined]
+    with pytest.warns(DeprecationWarning, match=r"rqlite_queue\.errors\.NoLeader"):
+        assert rqlite_queue.NoLeader is rqlite_queue.errors.NoLeader  # type: ignore[attr-defined]
+    with pytest.warns(DeprecationWarning, match=r"rqlite_queue\.codec\.JsonCodec"):
+        assert rqlite_queue.JsonCodec is rqlite_queue.codec.JsonCodec  # type: ignore[attr-defined]
+    with pytest.raises(AttributeError):
+        rqlite_queue.no_such_name  # type: ignore[attr-defined]  # noqa: B018
+
+
+def test_a_not_applied_error_is_not_the_parent_of_a_may_have_applied_one() -> None:
+    """Catching `Unavailable` (not applied: retry) must never catch a write that may have
+    applied (`OutcomeUnknown`) or partly applied (`PartialRound`)."""
+    from rqlite_queue import OutcomeUnknown, Unavailable
+    from rqlite_queue.errors import NoLeader, PartialRound, ShardDown
+
+    assert not issubclass(OutcomeUnknown, Unavailable)
+    assert not issubclass(PartialRound, Unavailable)
+    assert issubclass(NoLeader, Unavailable) and issubclass(ShardDown, Unavailable)

@@ -25,6 +25,8 @@ from rqlite_queue import (
     Worker,
     from_url,
 )
+from rqlite_queue._protocol.sql import Batch, Statement
+from rqlite_queue.errors import TransportClosed
 from rqlite_queue.testing import Cluster
 
 EXE = Path(sys.executable).parent / "rqlite-queue"
@@ -268,3 +270,35 @@ def test_the_dashboard_shows_every_shards_nodes_and_groups(
                 assert all(f"order-{i}" in groups.text for i in range(6))
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_closing_a_sharded_queue_closes_every_shards_connection(
+    flavour: str, rqlite_cluster: Cluster, tmp_path: Path
+) -> None:
+    """The shards share the queue's core (and its closed flag): each backend still closes its
+    own client or file (an aiohttp session left open warns at exit; a file stays locked)."""
+    url = f"a={rqlite_cluster.url};b=sqlite:///{tmp_path}/b.db"
+    if flavour == "sync":
+        q: Any = ShardedTransport(url, queue="closing")
+        q.setup()
+        q.close()
+    else:
+
+        async def open_and_close() -> Any:
+            queue = AsyncShardedTransport(url, queue="closing")
+            await queue.setup()
+            await queue.close()
+            return queue
+
+        q = asyncio.run(open_and_close())
+    assert q.closed
+    rqlite_client = q.router.backend("a").executor
+    sqlite_file = q.router.backend("b").executor
+    if flavour == "sync":
+        assert all(pool.pool is None for pool in rqlite_client._pools)  # urllib3: closed
+    else:
+        assert rqlite_client._session is None  # aiohttp: closed
+    with pytest.raises(TransportClosed):
+        batch = Batch((Statement("SELECT 1"),), write=False)
+        (sqlite_file if flavour == "sync" else sqlite_file._sync).execute(batch, 1e18)
