@@ -23,6 +23,8 @@ from .._protocol.http import (
     request_headers,
 )
 
+CONNECT_SHARE = 0.9
+
 
 class AiohttpClient(AsyncRqliteClient):
     def __init__(
@@ -56,7 +58,9 @@ class AiohttpClient(AsyncRqliteClient):
     async def _post(self, send: Send, path: str, body: bytes) -> Outcome:
         session = self._open()
         sent_at = self.clock()
-        timeout = aiohttp.ClientTimeout(total=send.timeout, sock_connect=send.timeout)
+        # The connection must be made within most of the attempt, so that running out of time
+        # before the request left is a connection timeout (not sent), never a total one.
+        timeout = aiohttp.ClientTimeout(total=send.timeout, connect=send.timeout * CONNECT_SHARE)
         try:
             async with session.post(
                 self.endpoints.urls[send.node] + path,
