@@ -1,6 +1,7 @@
-"""The upgrade path, tested from a real older database: `fixtures/v1.db` was written by the
-schema-v1 code (see `make_v1_fixture.py`), with a message leased, one parked, one lapsed, one
-dead-lettered and deduplicated publishes in it. Opened by this code (several clients racing to
+"""The upgrade path, tested from real older databases: `fixtures/v1.db` and `fixtures/v2.db` were
+written by the schema-v1 and schema-v2 code (see `make_v1_fixture.py`, `make_v2_fixture.py`),
+with a message leased, one parked, one lapsed, one dead-lettered and deduplicated publishes in
+them (and, in v2, a schedule and a held group). Opened by this code (several clients racing to
 upgrade it, on SQLite and on a 3-node rqlite), every one of them behaves as before."""
 
 from __future__ import annotations
@@ -20,8 +21,18 @@ from rqlite_queue import Lease, LeaseLost, RqliteTransport, SqliteTransport, Tra
 from rqlite_queue.testing import Cluster
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
-FACTS: dict[str, Any] = json.loads((FIXTURES / "v1.json").read_text())
+VERSIONS = ["v1", "v2"]
 RACERS = 4
+
+
+def facts(version: str) -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads((FIXTURES / f"{version}.json").read_text())
+    return loaded
+
+
+@pytest.fixture(params=VERSIONS)
+def version(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 class Clock:
@@ -33,12 +44,14 @@ class Clock:
 
 
 @pytest.fixture(params=["sqlite", "rqlite3"])
-def open_v1(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[..., Transport]]:
-    """`open_v1(clock, queue=...)`: a transport on a copy of the v1 database."""
+def open_v1(
+    request: pytest.FixtureRequest, tmp_path: Path, version: str
+) -> Iterator[Callable[..., Transport]]:
+    """`open_v1(clock, queue=...)`: a transport on a copy of the older database (v1 or v2)."""
     opened: list[Transport] = []
     if request.param == "sqlite":
-        path = tmp_path / "v1.db"
-        shutil.copy(FIXTURES / "v1.db", path)
+        path = tmp_path / f"{version}.db"
+        shutil.copy(FIXTURES / f"{version}.db", path)
 
         def make(clock: Clock, queue: str = "default") -> Transport:
             opened.append(SqliteTransport(str(path), clock, queue=queue))
@@ -51,7 +64,7 @@ def open_v1(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable
         cluster = rqlite_cluster_factory(3)
         reply = httpx.post(
             cluster.leader().http_url + "/db/load",
-            content=(FIXTURES / "v1.db").read_bytes(),
+            content=(FIXTURES / f"{version}.db").read_bytes(),
             headers={"Content-Type": "application/octet-stream"},
             timeout=30,
         )
@@ -66,9 +79,10 @@ def open_v1(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable
         transport.close()
 
 
-def test_clients_racing_to_open_a_v1_database_find_every_message_as_it_was(
-    open_v1: Callable[..., Transport],
+def test_clients_racing_to_open_an_older_database_find_every_message_as_it_was(
+    open_v1: Callable[..., Transport], version: str
 ) -> None:
+    FACTS = facts(version)
     clock = Clock(FACTS["clock"] + 1)
     racers = [open_v1(clock) for _ in range(RACERS)]
     errors: list[BaseException] = []
@@ -93,8 +107,9 @@ def test_clients_racing_to_open_a_v1_database_find_every_message_as_it_was(
 
 
 def test_after_the_upgrade_leases_parks_dedup_and_order_behave_as_before(
-    open_v1: Callable[..., Transport],
+    open_v1: Callable[..., Transport], version: str
 ) -> None:
+    FACTS = facts(version)
     clock = Clock(FACTS["clock"] + 10)  # the lapsed lease has lapsed; the park still holds
     q = open_v1(clock)
     q.setup()
@@ -152,11 +167,14 @@ def test_after_the_upgrade_leases_parks_dedup_and_order_behave_as_before(
     assert back is not None and (back.group_id, back.event) == ("dead", {"n": 0})
 
 
-def test_an_upgraded_database_has_the_same_tables_as_a_new_one(tmp_path: Path) -> None:
-    """Columns, their order and defaults, and indexes: what `migrate` makes of a v1 database
-    is what `create` makes of an empty one."""
+@pytest.mark.parametrize("version", VERSIONS)
+def test_an_upgraded_database_has_the_same_tables_as_a_new_one(
+    tmp_path: Path, version: str
+) -> None:
+    """Columns, their order and defaults, and indexes: what `migrate` makes of an older
+    database is what `create` makes of an empty one."""
     upgraded, fresh = tmp_path / "upgraded.db", tmp_path / "fresh.db"
-    shutil.copy(FIXTURES / "v1.db", upgraded)
+    shutil.copy(FIXTURES / f"{version}.db", upgraded)
     for path in (upgraded, fresh):
         q = SqliteTransport(str(path), queue="default")
         q.setup()
@@ -180,3 +198,26 @@ def _shape(path: Path) -> dict[str, Any]:
         }
     finally:
         db.close()
+
+
+def test_a_v2_schedule_and_hold_survive_the_upgrade(
+    open_v1: Callable[..., Transport], version: str
+) -> None:
+    if version != "v2":
+        pytest.skip("schedules and holds came with v2")
+    FACTS = facts(version)
+    clock = Clock(FACTS["schedule_next_at"] + 1)
+    other = open_v1(clock, queue="other")
+    other.setup()
+    [schedule] = other.schedules()
+    assert (schedule.name, schedule.group_id, schedule.next_at) == (
+        "tick",
+        "ticks",
+        FACTS["schedule_next_at"],
+    )
+    assert other.fire_schedules() == 1
+    assert [e for _, e in other.peek("ticks")] == [{"tick": True}]
+    assert {info.group_id: info.state for info in other.groups()}["held"] == "held"
+    claimed = {lease.group_id for lease in other.claim_many("w", 30, 10)}
+    assert claimed == {"o", "ticks"}  # not the held group
+    assert other.release_group("held")
