@@ -66,11 +66,11 @@ def test_a_resent_claim_returns_the_lease_it_took(q: Any) -> None:
     q.ack(lease)
 
 
-def test_resent_ack_nack_extend_dead_letter_report_success(q: Any) -> None:
+def test_resent_ack_nack_extend_dead_letter_find_their_record_and_report_success(q: Any) -> None:
     q.publish_many([("a", 1), ("a", 2), ("b", 3), ("c", 4)])
     first = q.claim("w", 30)
     q.lossy.count = 1
-    q.ack(first)  # no LeaseLost although the resend found the lease gone
+    q.ack(first)  # the resend found the lease gone, and the ack's own record
     assert q.stats().depth == 3
     lease = q.claim_many("w", 30, 3)
     q.lossy.count = 1

@@ -127,16 +127,31 @@ async def test_a_lapsed_lease_nobody_took_over_may_be_extended(q: Any, clock: Fa
 
 
 async def test_calls_on_a_finished_lease_raise_lease_lost(q: Any) -> None:
+    """A settlement applies once per lease: the same settlement again reports what happened
+    (it applied: the lease's own record), any other raises `LeaseLost` and changes nothing."""
     await q.publish("g", 1)
     lease = await q.claim("w", 30)
     await q.ack(lease)
+    await q.ack(lease)  # the same ack again: it applied (once)
     with pytest.raises(LeaseLost):
-        await q.ack(lease)
-    await q.publish("g", 2)
+        await q.nack(lease)
+    with pytest.raises(LeaseLost):
+        await q.dead_letter(lease, "late")
+    with pytest.raises(LeaseLost):
+        await q.extend(lease, 30)
+    await q.publish_many([("g", 2), ("g", 3)])
     lease = await q.claim("w", 30)
     await q.nack(lease)
     with pytest.raises(LeaseLost):
-        await q.ack(lease)
+        await q.ack(lease)  # given back: not acked
+    again = await q.claim("w", 30)
+    assert again.seq == lease.seq and again.attempts == 2
+    await q.dead_letter(again, "boom")
+    await q.dead_letter(again, "boom")  # the same dead letter again: it applied (once)
+    with pytest.raises(LeaseLost):
+        await q.ack(again)
+    assert [d.seq for d in await q.dead_letters()] == [again.seq]
+    assert [e for _, e in await q.peek("g")] == [3]
 
 
 async def test_ack_many_acks_what_holds_and_names_what_did_not(q: Any, clock: FakeClock) -> None:

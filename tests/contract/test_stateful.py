@@ -130,6 +130,8 @@ class Model:
         self.expired = 0
         # name -> [group, event, priority, every, catch_up, next_at]
         self.schedules: dict[str, list[Any]] = {}
+        # (token, seq) -> (how it was settled, until when the record counts)
+        self.settled: dict[tuple[str, int], tuple[str, float]] = {}
 
     # -------------------------------------------------------------------------- reading
 
@@ -143,6 +145,18 @@ class Model:
         if held and g is not None and g.until <= self.now:
             note_event("a lapsed lease nobody took over still holds")
         return held
+
+    def settled_before(self, lease: Lease, how: str) -> bool:
+        """The same settlement of this lease applied earlier (its record counts for
+        RETIRE_WINDOW): sent again, it reports success and changes nothing."""
+        kind, until = self.settled.get((lease.token, lease.seq), ("", 0.0))
+        if kind == how and until >= self.now:
+            note_event("a settlement sent again finds its own record")
+            return True
+        return False
+
+    def _record(self, lease: Lease, how: str) -> None:
+        self.settled[(lease.token, lease.seq)] = (how, self.now + RETIRE_WINDOW)
 
     # -------------------------------------------------------------------------- writing
 
@@ -244,14 +258,16 @@ class Model:
 
     def ack(self, lease: Lease) -> bool:
         if not self.holds(lease):
-            return False
+            return self.settled_before(lease, "ack")
         self._finish(lease)
+        self._record(lease, "ack")
         return True
 
     def dead_letter(self, lease: Lease, hold: bool = False) -> bool:
         if not self.holds(lease):
-            return False
+            return self.settled_before(lease, "dead")
         self._dead_letter_head(lease.group_id, lease.seq, hold)
+        self._record(lease, "dead")
         return True
 
     def hold(self, group_id: str) -> None:
@@ -333,10 +349,11 @@ class Model:
 
     def nack(self, lease: Lease, delay: float) -> bool:
         if not self.holds(lease):
-            return False
+            return self.settled_before(lease, "nack")
         g = self.groups[lease.group_id]
         g.token = None
         g.state, g.until = ("parked", self.now + delay) if delay > 0 else ("free", 0.0)
+        self._record(lease, "nack")
         return True
 
     def extend(self, lease: Lease, visibility: float) -> bool:
@@ -462,14 +479,31 @@ class QueueMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ calls on a lease
 
+    def _settle_in_one_round(self, settlements: list[tuple[Lease, str, float]]) -> list[Lease]:
+        """Settle in the model as one round does: in order; a lease named again in the same
+        round is reported lost (it was settled by its first mention)."""
+        seen: set[tuple[str, str, int]] = set()
+        lost: list[Lease] = []
+        for lease, how, delay in settlements:
+            key = (lease.group_id, lease.token, lease.seq)
+            if key in seen:
+                lost.append(lease)
+                continue
+            seen.add(key)
+            applied = self.model.ack(lease) if how == "ack" else self.model.nack(lease, delay)
+            if not applied:
+                lost.append(lease)
+        return lost
+
     @rule(lease=leases)
     def ack(self, lease: Lease) -> None:
-        self.expect(self.model.holds(lease), lambda: self.q.ack(lease))
+        applies = self.model.holds(lease) or self.model.settled_before(lease, "ack")
+        self.expect(applies, lambda: self.q.ack(lease))
         self.model.ack(lease)
 
     @rule(leases=st.lists(leases, min_size=1, max_size=3))
     def ack_many(self, leases: list[Lease]) -> None:
-        lost = [lease for lease in leases if not self.model.ack(lease)]
+        lost = self._settle_in_one_round([(lease, "ack", 0.0) for lease in leases])
         if not lost:
             self.q.ack_many(leases)
             return
@@ -479,7 +513,8 @@ class QueueMachine(RuleBasedStateMachine):
 
     @rule(lease=leases, delay=delays)
     def nack(self, lease: Lease, delay: float) -> None:
-        self.expect(self.model.holds(lease), lambda: self.q.nack(lease, delay))
+        applies = self.model.holds(lease) or self.model.settled_before(lease, "nack")
+        self.expect(applies, lambda: self.q.nack(lease, delay))
         self.model.nack(lease, delay)
 
     @rule(lease=leases, visibility=visibilities)
@@ -491,7 +526,8 @@ class QueueMachine(RuleBasedStateMachine):
 
     @rule(lease=leases, hold=st.booleans())
     def dead_letter(self, lease: Lease, hold: bool) -> None:
-        self.expect(self.model.holds(lease), lambda: self.q.dead_letter(lease, "poison", hold=hold))
+        applies = self.model.holds(lease) or self.model.settled_before(lease, "dead")
+        self.expect(applies, lambda: self.q.dead_letter(lease, "poison", hold=hold))
         if hold and self.model.holds(lease):
             note_event("a dead letter holds its group")
         if self.model.dead_letter(lease, hold):
@@ -520,8 +556,10 @@ class QueueMachine(RuleBasedStateMachine):
         result = self.q.settle_and_claim(
             "w", visibility, n, ack=acks, nack=nacks, min_priority=min_priority
         )
-        lost = [lease for lease in acks if not self.model.ack(lease)]
-        lost += [lease for lease, delay in nacks if not self.model.nack(lease, delay)]
+        lost = self._settle_in_one_round(
+            [(lease, "ack", 0.0) for lease in acks]
+            + [(lease, "nack", delay) for lease, delay in nacks]
+        )
         if lost:
             note_event("a round reports lost settlements")
         assert result.lost == lost

@@ -112,6 +112,9 @@ class ShardedModel:
     def holds(self, lease: Lease) -> bool:
         return self.of(lease.group_id).holds(lease)
 
+    def settled_before(self, lease: Lease, how: str) -> bool:
+        return self.of(lease.group_id).settled_before(lease, how)
+
     def ack(self, lease: Lease) -> bool:
         return self.of(lease.group_id).ack(lease)
 

@@ -109,17 +109,30 @@ def test_the_same_sources_make_the_same_batch() -> None:
     assert first.batch == second.batch
 
 
-def test_an_ack_that_did_not_hold_is_lost_but_not_on_a_resend() -> None:
+def test_one_settlement_reads_its_outcome_from_its_record_on_any_send() -> None:
+    """The record statement counts the settlement if its lease held, or if an earlier send of
+    the same settlement applied (its record was there): lost only otherwise, first send or
+    resend alike."""
     held = lease(1, "a")
     plan = round_(core(), ack=[held])
-    assert plan.read(reply(plan.batch, finished=sql.Result(rows_affected=0))).lost == [held]
-    assert plan.read(reply(plan.batch, finished=sql.Result(rows_affected=1))).lost == []
-    assert plan.replay is not None
-    assert plan.replay(reply(plan.batch, finished=sql.Result(rows_affected=0))).lost == []
+    assert plan.replay is plan.read  # a resend is read as exactly as a first send
+    assert plan.read(reply(plan.batch, recorded=sql.Result(rows_affected=0))).lost == [held]
+    assert plan.read(reply(plan.batch, recorded=sql.Result(rows_affected=1))).lost == []
+    record = next(s for s in plan.batch.statements if "INSERT INTO rq_t_settled" in s.sql)
+    assert record.params["rec"] == '[["a","w:T0",1,1]]'  # group, token, seq, kind: acked
 
 
-def test_an_extension_found_gone_on_a_resend_is_lost() -> None:
-    """An extension never releases its lease: a resend that finds it gone was taken over."""
+def test_the_record_says_how_a_lease_was_settled() -> None:
+    """An ack sent again finds the record of an ack, not of a nack or a dead letter."""
+    a, b, c = lease(1, "a"), lease(2, "b"), lease(3, "c")
+    plan = round_(core(), ack=[a], dead=[(b, "why")], nack=[(c, 0)])
+    record = next(s for s in plan.batch.statements if "INSERT INTO rq_t_settled" in s.sql)
+    kinds = [item[3] for item in __import__("json").loads(record.params["rec"])]
+    assert kinds == [sql.ACKED, sql.DEAD_LETTERED, sql.GIVEN_BACK]
+
+
+def test_an_extension_found_gone_is_lost_on_any_send() -> None:
+    """An extension never releases its lease: one found gone was taken over."""
     held = lease(1, "a")
     plan = round_(core(), extend=[held])
     assert plan.replay is not None

@@ -266,10 +266,11 @@ class QueueCore:
     def round(self, checked: CheckedRound) -> Plan[Round]:
         """Settle leases and claim up to `n` new ones, in one transaction (see `sql.round_trip`).
 
-        Resending after an unknown outcome is safe: the claim returns what the first send took
-        (same token); settlements are at-least-once (a resend that finds a finished or given
-        back lease gone, most likely because the first send applied, does not report it lost;
-        an extension never releases its lease, so one found gone was taken over)."""
+        Resending after an unknown outcome is safe, and its outcome exact: the claim returns
+        what the first send took (same token); a settlement that an earlier send applied finds
+        its record (`sql.Settle`, table `settled`) and is not reported lost; one whose lease
+        went to another holder is; an extension never releases its lease, so one found gone
+        was taken over."""
         now = self._now()
         settling = [s for s in checked.settlements if not s.repeat]
         extends = [s for s in settling if s.kind == EXTEND]
@@ -299,14 +300,12 @@ class QueueCore:
         )
         repeats = [s for s in checked.settlements if s.repeat]
 
-        def read(reply: sql.Reply, *, replayed: bool = False) -> Round:
+        def read(reply: sql.Reply) -> Round:
             if sql.returned_nothing(reply):
                 # rqlite ran the claim but kept none of its RETURNING rows (its SQL parser did
                 # not take the statement): the resend form reads what the token took.
                 raise OutcomeUnknown("rqlite dropped the rows of a claim's RETURNING")
             lost_settlements = [by_held[id(h)] for h in sql.read_lost(reply, settle)]
-            if replayed:
-                lost_settlements = [s for s in lost_settlements if s.kind == EXTEND]
             lost = [s.lease for s in sorted([*lost_settlements, *repeats], key=_by_index)]
             lost_ids = {id(s) for s in lost_settlements}
             leases: list[Lease] = []
@@ -330,7 +329,7 @@ class QueueCore:
             )
 
         lease_for = checked.visibility if checked.n or extends else None
-        return Plan(batch, read, lambda reply: read(reply, replayed=True), resend, lease_for)
+        return Plan(batch, read, read, resend, lease_for)
 
     def round_of(self, spec: RoundSpec) -> Plan[Round]:
         """`round(check_round(spec))`: the plan of a round on one cluster."""

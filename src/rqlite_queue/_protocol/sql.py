@@ -41,6 +41,10 @@ Tables, per queue (`rq_<queue>_` prefix):
   while an operator has paused the queue, a row with the empty token (a real token is never
   empty), which every claim finds with the lookup of its own token.
 - `schedules`: periodic jobs: what to publish, how often, and when next.
+- `settled`: the leases settled recently (token, seq, and how: acked, dead-lettered or given
+  back), written in the transaction of the settlement itself: a settlement sent again after
+  its reply was lost finds its own record, and so tells "this lease's settlement applied" from
+  "the lease went to another holder". Kept RETIRE_WINDOW, pruned like the claim tokens.
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ from typing import Any
 
 from ..types import MAX_PRIORITY
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 RETIRE_WINDOW = 300.0
 PAUSED_UNTIL = 1e15
 """The expiry of the pause row of `claims`: far beyond any time, so pruning never drops it."""
@@ -150,6 +154,8 @@ class Names:
     claims_expiry: str
     schedules: str
     schedules_due: str
+    settled: str
+    settled_expiry: str
     retired: str
     """Schema v1 only (its job is done by the empty rows of `groups` since v2)."""
 
@@ -173,6 +179,8 @@ class Names:
             claims_expiry=p + "claims_expiry",
             schedules=p + "schedules",
             schedules_due=p + "schedules_due",
+            settled=p + "settled",
+            settled_expiry=p + "settled_expiry",
             retired=p + "retired",
         )
 
@@ -186,6 +194,7 @@ class Names:
             self.dedup,
             self.claims,
             self.schedules,
+            self.settled,
         )
 
 
@@ -295,7 +304,12 @@ def create(n: Names) -> Batch:
         """
     ):
         b.add(statement)
-    for statement in [*_claims_table(n), *_schedules_table(n), *_groups_indexes(n)]:
+    for statement in [
+        *_claims_table(n),
+        *_schedules_table(n),
+        *_groups_indexes(n),
+        *_settled_table(n),
+    ]:
         b.add(statement)
     b.add(
         f"INSERT OR IGNORE INTO {n.meta} (key, value) VALUES ('turn', 0), ('mark', 0), "
@@ -366,8 +380,26 @@ def _to_v2(b: _Builder, n: Names) -> None:
         b.add(statement)
 
 
+def _settled_table(n: Names) -> list[str]:
+    # `kind`: 1 acked, 2 dead-lettered, 3 given back (a settlement sent again must be the same
+    # one to find its record: an ack does not succeed on a lease that was nacked).
+    return [
+        f"CREATE TABLE {n.settled} (token TEXT NOT NULL, seq INTEGER NOT NULL, "
+        f"kind INTEGER NOT NULL, expires_at REAL NOT NULL, PRIMARY KEY (token, seq)) "
+        f"WITHOUT ROWID",
+        f"CREATE INDEX {n.settled_expiry} ON {n.settled} (expires_at)",
+    ]
+
+
+def _to_v3(b: _Builder, n: Names) -> None:
+    """v2 -> v3: `settled` (a settlement's outcome known exactly after a lost reply). v2
+    clients keep working on a v3 queue: they do not write records, and need none."""
+    for statement in _settled_table(n):
+        b.add(statement)
+
+
 # Each step takes a database from the version before it to its own.
-MIGRATIONS = {2: _to_v2}
+MIGRATIONS = {2: _to_v2, 3: _to_v3}
 
 
 def migrate(n: Names, version: int) -> Batch:
@@ -553,6 +585,10 @@ class Held:
         return [self.group_id, self.token, self.seq]
 
 
+ACKED, DEAD_LETTERED, GIVEN_BACK = 1, 2, 3
+"""How a lease was settled (`settled.kind`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Settle:
     """What to do with leases, all in one transaction.
@@ -579,6 +615,11 @@ class Settle:
 
     def all(self) -> list[Held]:
         return [*self.finish, *(h for h, _ in self.give_back), *self.extend]
+
+    def kinds(self) -> list[int]:
+        """The `settled.kind` of each of `all()` (0: an extension, never recorded)."""
+        finished = [ACKED if h.seq not in self.dead else DEAD_LETTERED for h in self.finish]
+        return [*finished, *[GIVEN_BACK] * len(self.give_back), *[0] * len(self.extend)]
 
 
 def _holds(alias: str = "j", groups: str = "g") -> str:
@@ -620,6 +661,7 @@ def round_trip(
             {"now": now},
         )
         b.add(f"DELETE FROM {n.claims} WHERE expires_at < :now", {"now": now})
+        b.add(f"DELETE FROM {n.settled} WHERE expires_at < :now", {"now": now})
     if claim is not None:
         _claim(b, n, claim, now, returning)
     return b.build()
@@ -639,13 +681,31 @@ def round_trips(
 
 
 def _settle(b: _Builder, n: Names, s: Settle, now: float) -> None:
+    every = [[*h.key(), kind] for h, kind in zip(s.all(), s.kinds(), strict=True)]
+    recorded = [item for item in every if item[3]]
+    earlier = (
+        f"EXISTS (SELECT 1 FROM {n.settled} s WHERE s.token = {_item(1)} AND s.seq = "
+        f"{_item(2)} AND s.kind = {_item(3)} AND s.expires_at >= :now)"
+    )
     if s.count > 1:
-        # Which settlements do not hold (before any of them changes anything).
+        # Which settlements do not hold (before any of them changes anything), and were not
+        # applied by an earlier send of the same settlement (its record).
         b.add(
             f"SELECT j.key FROM json_each(:all) j WHERE NOT EXISTS "
-            f"(SELECT 1 FROM {n.groups} g WHERE {_holds()})",
-            {"all": _json([h.key() for h in s.all()])},
+            f"(SELECT 1 FROM {n.groups} g WHERE {_holds()}) AND NOT {earlier}",
+            {"all": _json(every), "now": now},
             slot="lost",
+        )
+    if recorded:
+        # The record of each settlement that holds (or of one an earlier send applied: it
+        # counts, so that one settlement alone reads its outcome from this statement).
+        b.add(
+            f"INSERT INTO {n.settled} (token, seq, kind, expires_at) SELECT {_item(1)}, "
+            f"{_item(2)}, {_item(3)}, :e FROM json_each(:rec) j WHERE EXISTS (SELECT 1 FROM "
+            f"{n.groups} g WHERE {_holds()}) OR {earlier} ON CONFLICT (token, seq) DO UPDATE "
+            f"SET expires_at = excluded.expires_at",
+            {"rec": _json(recorded), "e": now + RETIRE_WINDOW, "now": now},
+            slot="recorded",
         )
     if s.finish:
         done = _json([[*h.key(), int(h.seq in s.hold)] for h in s.finish])
@@ -756,12 +816,17 @@ def _claim(b: _Builder, n: Names, c: Claim, now: float, returning: bool) -> None
 
 
 def read_lost(reply: Reply, settle: Settle) -> list[Held]:
-    """The settlements whose lease no longer held (they changed nothing)."""
+    """The settlements whose lease no longer held and that no earlier send of theirs applied
+    (they changed nothing)."""
     every = settle.all()
     if "lost" in reply:
         return [every[int(row[0])] for row in reply["lost"].rows]
-    applied = sum(reply[s].rows_affected for s in ("finished", "changed") if s in reply)
-    return [] if applied == len(every) else every
+    if not every:
+        return []
+    # One settlement: an extension applied if it changed its group; any other if its record
+    # was written (it held) or found (an earlier send applied it).
+    slot = "recorded" if "recorded" in reply else "changed"
+    return [] if reply[slot].rows_affected == 1 else every
 
 
 @dataclass(frozen=True, slots=True)
