@@ -16,7 +16,14 @@ from typing import Any
 
 import pytest
 
-from rqlite_queue import AsyncTransport, InvalidArgument, Lease, SqliteTransport, Transport
+from rqlite_queue import (
+    AsyncSqliteTransport,
+    AsyncTransport,
+    InvalidArgument,
+    Lease,
+    SqliteTransport,
+    Transport,
+)
 from rqlite_queue._protocol.sql import Batch, Statement
 from rqlite_queue.errors import SchemaError, TransportClosed
 from rqlite_queue.testing import Cluster
@@ -408,3 +415,95 @@ def test_a_round_settles_and_refills_many_slots_at_once(
     assert worker.stats.acked == 400
     assert worker.stats.rounds < 400 / 4  # many messages per write
     q.close()
+
+
+class StuckClaims:
+    """An executor whose claiming round trips get stuck (as on a frozen leader, until the
+    transport fails over) after the first `free` ones; other requests go through."""
+
+    def __init__(self, inner: Any, stuck: float, free: int = 1) -> None:
+        self.inner, self.stuck, self.free = inner, stuck, free
+        self.stuck_rounds = 0
+
+    def _stuck(self, batch: Batch) -> bool:
+        claims = any(
+            "INSERT OR IGNORE INTO" in s.sql and "_claims" in s.sql for s in batch.statements
+        )
+        if not claims:
+            return False
+        if self.free > 0:
+            self.free -= 1
+            return False
+        self.stuck_rounds += 1
+        return True
+
+    def execute(self, batch: Batch, deadline: float) -> Any:
+        if self._stuck(batch):
+            time.sleep(self.stuck)
+        return self.inner.execute(batch, deadline)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class AsyncStuckClaims(StuckClaims):
+    async def execute(self, batch: Batch, deadline: float) -> Any:  # type: ignore[override]
+        if self._stuck(batch):
+            await asyncio.sleep(self.stuck)
+        return await self.inner.execute(batch, deadline)
+
+    async def close(self) -> None:  # type: ignore[override]
+        await self.inner.close()
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_leases_are_kept_ahead_of_their_deadline_while_a_round_is_stuck(
+    tmp_path: Path, flavour: str
+) -> None:
+    """A round trip stuck for twice the visibility: the leases of running handlers, and of
+    the settlements in the stuck round, are extended beside it by requests of their own, so
+    none lapses and none is taken over. Another worker that claims everything while the round
+    is stuck gets only the free group."""
+    path = str(tmp_path / "q.db")
+    with SqliteTransport(path, queue="kept") as setup:
+        setup.publish_many([("slow", 1), ("fast", 2), ("free", 3)])
+    started = time.monotonic()
+    taken: list[Lease] = []
+
+    def thief() -> None:
+        # 1.6 s in: the round stuck since ~0.2 s (until ~2.2 s); the slow lease, taken at 0 s
+        # for 1 s, would have lapsed by now, and so would the fast one, whose ack is stuck.
+        time.sleep(1.6)
+        with SqliteTransport(path, queue="kept") as other:
+            taken.extend(other.claim_many("thief", 30, 3))
+
+    stealing = threading.Thread(target=thief)
+    stealing.start()
+    if flavour == "sync":
+        q: Any = SqliteTransport(path, queue="kept")
+        stuck: StuckClaims = StuckClaims(q.router.backend.executor, stuck=2.0)
+        q.router.backend.executor = stuck
+        worker: Any = Worker(q, lambda lease: time.sleep(3.0 if lease.event == 1 else 0.2),
+                             concurrency=2, visibility=1.0)  # fmt: skip
+        worker.run(handle_signals=False, until_empty=True)
+        q.close()
+    else:
+
+        async def main() -> tuple[Any, StuckClaims]:
+            aq = AsyncSqliteTransport(path, queue="kept")
+            stuck = AsyncStuckClaims(aq.router.backend.executor, stuck=2.0)
+            aq.router.backend.executor = stuck
+
+            async def handle(lease: Lease) -> None:
+                await asyncio.sleep(3.0 if lease.event == 1 else 0.2)
+
+            aworker = AsyncWorker(aq, handle, concurrency=2, visibility=1.0)
+            await aworker.run(handle_signals=False, until_empty=True)
+            await aq.close()
+            return aworker, stuck
+
+        worker, stuck = asyncio.run(main())
+    stealing.join()
+    assert stuck.stuck_rounds >= 1 and time.monotonic() - started > 3
+    assert [lease.group_id for lease in taken] == ["free"], taken  # never "slow" nor "fast"
+    assert worker.stats.leases_lost == 0 and worker.stats.acked == 2

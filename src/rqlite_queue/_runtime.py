@@ -93,6 +93,18 @@ class AsyncRuntime:
         self._installed: list[signal.Signals] = []
         self._loop = asyncio.get_running_loop()
         self._pool = DaemonPool(concurrency)
+        self._done = asyncio.Event()
+        self._kept: asyncio.Task[None] | None = None
+
+    def keep(self, job: Callable[[AsyncRuntime], Coroutine[Any, Any, None]]) -> None:
+        """Run `job(self)` beside the caller (a task) until `abandon`; it waits with `pause`."""
+        self._kept = self._loop.create_task(job(self))
+
+    async def pause(self, seconds: float) -> bool:
+        """A kept job's wait; True once the runtime is abandoned."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._done.wait(), max(0.0, seconds))
+        return self._done.is_set()
 
     @staticmethod
     def check_handler(handler: Callable[..., Any]) -> None:
@@ -130,7 +142,10 @@ class AsyncRuntime:
 
     def abandon(self) -> None:
         """Cancel handler tasks still running (threads cannot be cancelled: a sync handler
-        finishes on its own, and finds its lease given back)."""
+        finishes on its own, and finds its lease given back), and the kept job."""
+        self._done.set()
+        if self._kept is not None:
+            self._kept.cancel()
         for task in self._tasks:
             task.cancel()
         self._pool.shutdown(wait=False)
@@ -154,6 +169,16 @@ class SyncRuntime:
         self._wake = threading.Event()
         self._previous: dict[signal.Signals, Any] = {}
         self._pool = DaemonPool(concurrency)
+        self._done = threading.Event()
+
+    def keep(self, job: Callable[[SyncRuntime], None]) -> None:
+        """Run `job(self)` beside the caller (a daemon thread) until `abandon`; it waits with
+        `pause`."""
+        threading.Thread(target=job, args=(self,), name="rqlite-queue-keeper", daemon=True).start()
+
+    def pause(self, seconds: float) -> bool:
+        """A kept job's wait; True once the runtime is abandoned."""
+        return self._done.wait(max(0.0, seconds))
 
     @staticmethod
     def check_handler(handler: Callable[..., Any]) -> None:
@@ -181,6 +206,7 @@ class SyncRuntime:
         self._wake.set()
 
     def abandon(self) -> None:
+        self._done.set()
         self._pool.shutdown(wait=False)
 
     def install_signals(self, on_signal: Callable[[], None]) -> None:

@@ -38,6 +38,10 @@ log = logging.getLogger("rqlite_queue.worker")
 CLAIM_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 PERMANENT = (AuthError, SchemaError, TransportClosed)
 """Errors no retry can mend: the worker stops and `run` raises them."""
+KEEPER_TICK = 0.1
+"""How often the lease keeper looks at a round trip in flight."""
+WAIT_LOG_EVERY = 5.0
+"""At most one warning this often about settlements waiting for their shard."""
 SCHEDULE_CHECK = 1.0
 """A busy worker looks for due schedules this often (an idle one learns the next tick from
 its polls)."""
@@ -95,6 +99,9 @@ class _Pending:
         self.ack += other.ack
         self.nack += other.nack
         self.dead += other.dead
+
+    def leases(self) -> list[Lease]:
+        return [*self.ack, *(lease for lease, _ in self.nack), *(lease for lease, _ in self.dead)]
 
 
 class AsyncWorker:
@@ -178,6 +185,20 @@ class AsyncWorker:
             collections.deque()
         )
         self._pending = _Pending()
+        self._retry = _Pending()
+        """Settlements whose shard did not answer: sent again at `_retry_at`."""
+        self._retry_at = 0.0
+        self._retry_failures = 0
+        self._not_before = 0.0
+        """After a round that failed whole: no round before then (monotonic)."""
+        self._round_failures = 0
+        self._round_started: float | None = None
+        """When the round trip in flight started (monotonic; None: none in flight)."""
+        self._settling: list[Lease] = []
+        """The leases the round trip in flight settles."""
+        self._kept: collections.deque[Round] = collections.deque()
+        """What the lease keeper's own extensions did, for the loop to take in."""
+        self._waiting_since = 0.0
         self._stopping = False
         self._rng = random.Random()
         self._runtime: AsyncRuntime | None = None
@@ -206,6 +227,7 @@ class AsyncWorker:
         if handle_signals:
             runtime.install_signals(self._on_signal)
         log.info("worker %s started (concurrency %d)", self.worker_id, self.concurrency)
+        runtime.keep(self._keep_leases)
         try:
             await self._loop(runtime, until_empty)
         finally:
@@ -224,7 +246,6 @@ class AsyncWorker:
     async def _loop(self, runtime: AsyncRuntime, until_empty: bool) -> None:
         idle = False
         floor_again = False
-        errors = 0
         give_up_at: float | None = None
         batch_until: float | None = None
         while True:
@@ -239,14 +260,21 @@ class AsyncWorker:
                         self.grace,
                         len(self._running),
                     )
-            if give_up_at is not None and now >= give_up_at and self._running:
-                self._give_back_running()
+            if give_up_at is not None and now >= give_up_at:
+                if self._running:
+                    self._give_back_running()
+                elif self._pending or self._retry:
+                    self._drop_unsent()
+            if now < self._not_before:  # the last round failed: back off (handlers that
+                await runtime.wait(self._not_before - now)  # finish do not cut it short)
+                continue
             if self.schedules and not self._stopping:
                 await self._fire_schedules()
             extend = self._due_heartbeats()
             free = 0 if self._stopping else self.concurrency - len(self._running)
-            if not self._pending and not extend:
-                if self._stopping and not self._running:
+            retry_due = bool(self._retry) and now >= self._retry_at
+            if not self._pending and not extend and not retry_due:
+                if self._stopping and not self._running and not self._retry:
                     return
                 if free == 0 or (idle and not await self._worth_claiming(runtime)):
                     await runtime.wait(self._next_wake(give_up_at, idle and free > 0))
@@ -262,7 +290,10 @@ class AsyncWorker:
             batch_until = None
             floor = 0 if floor_again else self.priority.next_floor()
             pending = self._pending.take()
-            started = time.monotonic()
+            if retry_due:
+                pending.put_back(self._retry.take())
+            self._settling = pending.leases()
+            started = self._round_started = time.monotonic()
             try:
                 result = await self.transport.settle_and_claim(
                     self.worker_id,
@@ -283,30 +314,62 @@ class AsyncWorker:
             except QueueError as exc:
                 self._pending.put_back(pending)
                 self.stats.claim_errors += 1
-                errors += 1
+                self._round_failures += 1
+                self._not_before = time.monotonic() + ROUND_ERRORS.delay(self._round_failures)
                 log.warning("worker %s: round trip failed: %s", self.worker_id, exc)
-                await runtime.wait(ROUND_ERRORS.delay(errors))
                 continue
-            errors = errors + 1 if result.unsettled else 0  # unsettled: a shard did not answer
+            finally:
+                self._round_started = None
+                self._settling = []
+            self._round_failures = 0
             self.stats.rounds += 1
             if free:
                 self.stats.record_claim(time.monotonic() - started)
             self._settled(pending, result, extend)
             floor_again = floor > 0 and len(result.leases) < free
             idle = free > 0 and not result.leases and not floor_again
-            if until_empty and idle and not self._running and not self._pending:
+            settling = self._pending or self._retry
+            if until_empty and idle and not self._running and not settling:
                 return
             for lease in result.leases:
                 key = (lease.group_id, lease.seq)
                 self._running[key] = lease
                 runtime.start(self.handler, lease, key, self._on_done)
-            if result.unsettled:  # its settlements wait for it, without spinning
-                log.warning(
-                    "worker %s: %d settlements wait for their shard",
-                    self.worker_id,
-                    len(result.unsettled),
+
+    async def _keep_leases(self, runtime: AsyncRuntime) -> None:
+        """Beside the loop: while a round trip is stuck (on a frozen or cut-off node, until
+        the transport gives up on it and fails over), extend the leases that fall due, of
+        running handlers and of the settlements in the stuck round, with requests of its own,
+        so that they stay ahead of their deadline (and the settlements still hold when they
+        apply)."""
+        kept: dict[tuple[str, int], float] = {}
+        while not await runtime.pause(KEEPER_TICK):
+            started = self._round_started
+            if started is None or time.monotonic() - started < KEEPER_TICK:
+                continue
+            now = self.transport.clock()
+            held = [*self._running.values(), *self._settling]
+            due = [
+                lease
+                for lease in held
+                if max(lease.expires_at, kept.get((lease.group_id, lease.seq), 0.0)) - now
+                <= self.visibility * 2 / 3
+            ]
+            if not due:
+                continue
+            try:
+                result = await self.transport.settle_and_claim(
+                    self.worker_id, self.visibility, 0, extend=due
                 )
-                await runtime.wait(ROUND_ERRORS.delay(errors))
+            except PartialRound as partial:
+                result = partial.round
+            except QueueError as exc:
+                log.warning("worker %s: keeping leases failed: %s", self.worker_id, exc)
+                continue
+            for lease in result.extended:
+                kept[(lease.group_id, lease.seq)] = lease.expires_at
+            self._kept.append(result)
+            runtime.wake()
 
     async def _worth_claiming(self, runtime: AsyncRuntime) -> bool:
         """Idle: is a claim worth a write? A read without a Raft round decides."""
@@ -345,6 +408,8 @@ class AsyncWorker:
         wait = self.heartbeat_interval
         if polling:
             wait = min(wait, self.poll_interval)
+        if self._retry:
+            wait = min(wait, max(0.0, self._retry_at - now))
         if give_up_at is not None:
             wait = min(wait, max(0.0, give_up_at - now) + 0.001)
         return wait
@@ -358,7 +423,11 @@ class AsyncWorker:
             self._runtime.wake()
 
     def _collect(self) -> None:
-        """Turn finished handlers into what the next round trip settles."""
+        """Turn finished handlers into what the next round trip settles, and take in what
+        the lease keeper's extensions did."""
+        while self._kept:
+            kept = self._kept.popleft()
+            self._took_in_extensions(kept.extended, kept.lost)
         while self._finished:
             key, exc = self._finished.popleft()
             lease = self._running.pop(key, None)
@@ -386,6 +455,39 @@ class AsyncWorker:
             )
         self._running.clear()
 
+    def _drop_unsent(self) -> None:
+        """Stopping, the grace period over, and settlements still not applied (the cluster,
+        or a shard, does not answer): they are dropped; their leases lapse and the messages
+        are delivered again (nothing is lost)."""
+        dropped = [*self._pending.leases(), *self._retry.leases()]
+        self._pending, self._retry = _Pending(), _Pending()
+        log.warning(
+            "worker %s: stopping with %d settlements not applied (no answer): their leases "
+            "lapse and their messages come back",
+            self.worker_id,
+            len(dropped),
+        )
+
+    def _took_in_extensions(self, extended: Sequence[Lease], lost: Sequence[Lease]) -> None:
+        """Extensions that applied move a running lease's deadline on (never back: the
+        keeper's may be later than a stuck round's); an extension found lost means the lease
+        was taken over: its handler's result will be dropped when it finishes."""
+        self.stats.extended += len(extended)
+        for lease in extended:
+            key = (lease.group_id, lease.seq)
+            running = self._running.get(key)
+            if running is not None and lease.expires_at > running.expires_at:
+                self._running[key] = lease
+        for lease in lost:
+            if self._running.pop((lease.group_id, lease.seq), None) is not None:
+                self.stats.leases_lost += 1
+                log.warning(
+                    "lease lost while running: group %s seq %s",
+                    lease.group_id,
+                    lease.seq,
+                    extra=_fields(lease, self.worker_id),
+                )
+
     def _due_heartbeats(self) -> list[Lease]:
         now = self.transport.clock()
         return [
@@ -393,12 +495,26 @@ class AsyncWorker:
         ]
 
     def _settled(self, pending: _Pending, result: Round, extend: list[Lease]) -> None:
-        if result.unsettled:  # a shard did not answer: its settlements go in the next round
+        if result.unsettled:  # a shard did not answer: sent again with a backoff of its own
             again = {id(lease) for lease in result.unsettled}
             pending, retry = _split_pending(pending, again)
-            self._pending.put_back(retry)
+            self._retry.put_back(retry)
+            self._retry_failures += 1
+            self._retry_at = time.monotonic() + ROUND_ERRORS.delay(self._retry_failures)
+            if time.monotonic() - self._waiting_since > WAIT_LOG_EVERY:
+                self._waiting_since = time.monotonic()
+                log.warning(
+                    "worker %s: %d settlements wait for their shard",
+                    self.worker_id,
+                    len(result.unsettled),
+                )
+        elif not self._retry:
+            self._retry_failures = 0
         lost = {id(lease) for lease in result.lost}
+        extending = {id(lease) for lease in extend}
         for lease in result.lost:
+            if id(lease) in extending:
+                continue  # counted by _took_in_extensions
             self.stats.leases_lost += 1
             log.warning(
                 "lease lost, result dropped: group %s seq %s",
@@ -410,15 +526,7 @@ class AsyncWorker:
         self.stats.acked += sum(id(lease) not in lost for lease in pending.ack)
         self.stats.nacked += sum(id(lease) not in lost for lease, _ in pending.nack)
         self.stats.dead_lettered += sum(id(lease) not in lost for lease, _ in pending.dead)
-        self.stats.extended += len(result.extended)
-        for lease in result.extended:
-            key = (lease.group_id, lease.seq)
-            if key in self._running:
-                self._running[key] = lease
-        for lease in extend:
-            if id(lease) in lost:
-                # Taken over: its handler's result will be dropped when it finishes.
-                self._running.pop((lease.group_id, lease.seq), None)
+        self._took_in_extensions(result.extended, [lease for lease in extend if id(lease) in lost])
 
 
 def _split_pending(pending: _Pending, again: set[int]) -> tuple[_Pending, _Pending]:
