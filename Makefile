@@ -4,13 +4,18 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: screenshots setup rqlited browser test test-install lint typecheck unit unit-fast docs demo bench chaos generate clean
+.PHONY: screenshots setup rqlited browser chaos-deps test test-install lint typecheck unit unit-fast docs demo bench chaos generate clean
 
-setup: $(STAMP) rqlited browser
+setup: $(STAMP) rqlited browser chaos-deps
 
 # Debian's Chromium for the dashboard's browser tests (scripts/browser-deps).
 browser:
 	@scripts/browser-deps
+
+# iproute2 and iptables for the chaos tests' network partitions (scripts/chaos-deps; without
+# root they are skipped with one printed line).
+chaos-deps:
+	@scripts/chaos-deps
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -75,7 +80,6 @@ bench: setup $(BENCH_STAMP)
 # Its network partitions need root, iproute2 and iptables (scripts/chaos-deps installs the
 # tools when missing); without them the partitions are skipped with one printed line.
 chaos: setup
-	scripts/chaos-deps
 	RQLITED="$(RQLITED_PATH)" $(BIN)/pytest -q -s -m slow tests/chaos $(PYTEST_ARGS)
 
 # The dashboard's pictures in docs/img/, taken by its browser tests.

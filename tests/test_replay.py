@@ -26,9 +26,9 @@ class LoseReplies:
         self.count = 0
         self.sent = 0
 
-    def execute(self, batch: Batch, deadline: float) -> list[Result]:
+    def execute(self, batch: Batch, deadline: float, **hints: Any) -> list[Result]:
         self.sent += 1
-        results: list[Result] = self.inner.execute(batch, deadline)
+        results: list[Result] = self.inner.execute(batch, deadline, **hints)
         if batch.write and self.count > 0:
             self.count -= 1
             raise OutcomeUnknown("reply lost (test)")

@@ -437,20 +437,20 @@ class StuckClaims:
         self.stuck_rounds += 1
         return True
 
-    def execute(self, batch: Batch, deadline: float) -> Any:
+    def execute(self, batch: Batch, deadline: float, **hints: Any) -> Any:
         if self._stuck(batch):
             time.sleep(self.stuck)
-        return self.inner.execute(batch, deadline)
+        return self.inner.execute(batch, deadline, **hints)
 
     def close(self) -> None:
         self.inner.close()
 
 
 class AsyncStuckClaims(StuckClaims):
-    async def execute(self, batch: Batch, deadline: float) -> Any:  # type: ignore[override]
+    async def execute(self, batch: Batch, deadline: float, **hints: Any) -> Any:  # type: ignore[override]
         if self._stuck(batch):
             await asyncio.sleep(self.stuck)
-        return await self.inner.execute(batch, deadline)
+        return await self.inner.execute(batch, deadline, **hints)
 
     async def close(self) -> None:  # type: ignore[override]
         await self.inner.close()

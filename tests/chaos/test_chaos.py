@@ -17,6 +17,7 @@ from rqlite_queue.testing import Cluster, Node
 
 from .checker import Op, Report, check
 from .engine import Config, run
+from .failover import FREEZE, PARTITION, FailoverConfig, FailoverReport, run_failover
 from .network import NetworkUnavailable, leftovers, private_network, why_unavailable
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,7 +60,9 @@ def test_long_chaos_run(rqlited_path: str, tmp_path: Path) -> None:
     report = run(config, rqlited_path, tmp_path)
     summary = report.summary()
     print(summary)
-    (ROOT / "docs" / "reliability.md").write_text(_reliability_page(config, summary))
+    page = _reliability_page(config, summary)
+    kept = _kept_failover_section()
+    (ROOT / "docs" / "reliability.md").write_text(page + ("\n" + kept if kept else ""))
     assert report.ok, summary
     assert report.takeovers.lease_lost > 0, "no lapsed lease was taken over and fenced"
     assert not leftovers(os.getpid()), "the private network was not removed"
@@ -343,4 +346,105 @@ def _sharded_page(config: Config, summary: str) -> str:
         "shard's claims per second during the outage against the same span before it. The "
         "numbers read as in [reliability.md](reliability.md).\n\n"
         "```\n" + summary + "\n```\n"
+    )
+
+
+# -------------------------------------------------------- failover with the library's defaults
+
+RESUME_WITHIN = 2.0
+
+
+def _check_failover(report: FailoverReport) -> None:
+    summary = report.summary()
+    assert report.ok, summary
+    assert report.faults, summary
+    assert report.leases_lost == 0, summary
+    assert not report.duplicates, summary  # handlers are shorter than the visibility
+    assert not report.overlaps, summary  # no lease lapsed, so no two holders at once
+    for fault in report.faults:
+        assert fault.elected is not None, summary
+        assert fault.resumed is not None and fault.resumed <= RESUME_WITHIN, summary
+
+
+def test_failover_with_the_defaults(rqlited_path: str, tmp_path: Path) -> None:
+    """Two Workers (threads and asyncio) with the library's defaults and leases of 2 s: a
+    3 s freeze of the leader and a 4 s cut of the leader: acks resume within 2 s of each,
+    no message is delivered twice, nothing is lost, FIFO and exclusivity hold."""
+    config = FailoverConfig(seed=int(os.environ.get("CHAOS_SEED", "3")), faults=2)
+    config.kinds = (FREEZE, PARTITION)
+    report = run_failover(config, rqlited_path, tmp_path, order=[FREEZE, PARTITION])
+    print(report.summary())
+    _check_failover(report)
+
+
+@pytest.mark.slow
+def test_long_failover_with_the_defaults(rqlited_path: str, tmp_path: Path) -> None:
+    faults = int(os.environ.get("CHAOS_FAULTS", "12"))
+    config = FailoverConfig(seed=int(os.environ.get("CHAOS_SEED", "20261201")), faults=faults)
+    order = [FREEZE, PARTITION] * (faults // 2)
+    report = run_failover(config, rqlited_path, tmp_path, order=order)
+    summary = report.summary()
+    print(summary)
+    _write_failover_section(config, summary)
+    _check_failover(report)
+
+
+FAILOVER_BEGIN, FAILOVER_END = "<!-- failover: begin -->", "<!-- failover: end -->"
+
+
+def _write_failover_section(config: FailoverConfig, summary: str) -> None:
+    """The failover run's section of docs/reliability.md (the long chaos run keeps it)."""
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    section = (
+        f"{FAILOVER_BEGIN}\n## Failover with the library's defaults\n\n"
+        f"Command: `make chaos CHAOS_SEED={config.seed}` "
+        "(`tests/chaos/test_chaos.py::test_long_failover_with_the_defaults`; a short version, "
+        f"one freeze and one cut, runs in `make test`), at commit {commit}, "
+        f"{time.strftime('%Y-%m-%d', time.gmtime())}, {os.cpu_count()} cores.\n\n"
+        "Two Workers, one on threads and one on asyncio, 16 slots each, leases of "
+        f"{config.visibility:g} s, and nothing else tuned: the transports' default `timeout` "
+        "(10 s), `deadline` (15 s) and the rest. A 3-node cluster (fast Raft timers: "
+        "heartbeat 200 ms, election 400 ms), each node in its own network namespace; a "
+        "publisher streams messages (with dedup ids) into "
+        f"{config.groups} groups; handlers take {config.handler_time[0] * 1000:g}-"
+        f"{config.handler_time[1] * 1000:g} ms. The nemesis alternates a freeze of the leader "
+        f"(SIGSTOP, {config.freeze:g} s) and a cut of the leader from its peers (iptables DROP "
+        f"in its namespace, {config.partition:g} s; clients still reach it), "
+        f"{config.gap[0]:g}-{config.gap[1]:g} s apart.\n\n"
+        "Per fault: **new leader after**, from the fault to the first of the other nodes "
+        "saying it leads (polled every 20 ms); **acks resumed after**, from the fault to the "
+        "end of the first Worker round trip that started after it and applied acks. "
+        "**Duplicates** are messages delivered more than once, by cause; **settlements "
+        "reported lost** are the Workers' `LeaseLost` (their leases lapsed and were taken "
+        "over). A request gives its node up after at most a third of the leases' visibility "
+        "(or a second), so a frozen or cut-off leader costs that much, not the 10 s "
+        "`timeout`; the node is then suspected and skipped, and the round is resent (it is "
+        "safe to: claims by their token, settlements by their records); meanwhile the "
+        "Worker's lease keeper extends the leases a stuck round would have.\n\n"
+        "```\n" + summary + "\n```\n" + FAILOVER_END + "\n"
+    )
+    page = ROOT / "docs" / "reliability.md"
+    text = page.read_text()
+    if FAILOVER_BEGIN in text:
+        before, rest = text.split(FAILOVER_BEGIN, 1)
+        text = before + section + rest.split(FAILOVER_END, 1)[1].lstrip("\n")
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    page.write_text(text)
+
+
+def _kept_failover_section() -> str:
+    """The failover section of the current docs/reliability.md (kept when the page is made
+    anew by the long chaos run)."""
+    page = ROOT / "docs" / "reliability.md"
+    text = page.read_text() if page.exists() else ""
+    if FAILOVER_BEGIN not in text:
+        return ""
+    return (
+        FAILOVER_BEGIN
+        + text.split(FAILOVER_BEGIN, 1)[1].split(FAILOVER_END, 1)[0]
+        + FAILOVER_END
+        + "\n"
     )

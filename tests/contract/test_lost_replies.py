@@ -38,24 +38,24 @@ class LoseReplies:
             return self.plan.pop(0)
         return None
 
-    def execute(self, batch: Any, deadline: float) -> Any:
+    def execute(self, batch: Any, deadline: float, **hints: Any) -> Any:
         self.sent += 1
         step = self._next(batch)
         if step is None:
-            return self.inner.execute(batch, deadline)
+            return self.inner.execute(batch, deadline, **hints)
         if step[0] == "apply":
-            self.inner.execute(batch, deadline)
+            self.inner.execute(batch, deadline, **hints)
         if step[1] is not None:
             step[1]()
         raise OutcomeUnknown(f"reply lost (test: {step[0]})")
 
-    async def _execute_async(self, batch: Any, deadline: float) -> Any:
+    async def _execute_async(self, batch: Any, deadline: float, **hints: Any) -> Any:
         self.sent += 1
         step = self._next(batch)
         if step is None:
-            return await self.inner.execute(batch, deadline)
+            return await self.inner.execute(batch, deadline, **hints)
         if step[0] == "apply":
-            await self.inner.execute(batch, deadline)
+            await self.inner.execute(batch, deadline, **hints)
         if step[1] is not None:
             step[1]()
         raise OutcomeUnknown(f"reply lost (test: {step[0]})")

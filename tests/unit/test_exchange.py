@@ -15,7 +15,7 @@ from rqlite_queue._protocol.http import (
     MIN_ATTEMPT,
     HttpReply,
     HttpRequest,
-    NodeCursor,
+    Nodes,
     NoReply,
     NotSent,
     Outcome,
@@ -47,13 +47,15 @@ def drive(
     write: bool = True,
     deadline: float = 5.0,
     timeout: float = 1.0,
-    nodes: int = 3,
+    nodes: int | Nodes = 3,
     request_time: Callable[[Send], float] = lambda send: 0.01,
-) -> tuple[list[Result] | BaseException, list[Send | Sleep], Clock, NodeCursor]:
+    patience: float | None = None,
+    clock: Clock | None = None,
+) -> tuple[list[Result] | BaseException, list[Send | Sleep], Clock, Nodes]:
     """Run one exchange; each Send takes `request_time(send)` (never more than its timeout),
     each Sleep its seconds. Returns the results or the exception, the actions, the clock."""
-    clock = Clock()
-    cursor = NodeCursor(nodes)
+    clock = clock or Clock()
+    cursor = nodes if isinstance(nodes, Nodes) else Nodes(nodes)
     steps = exchange(
         REQUEST,
         write=write,
@@ -62,6 +64,7 @@ def drive(
         timeout=timeout,
         monotonic=clock,
         jitter=lambda: 0.5,
+        patience=patience,
     )
     actions: list[Send | Sleep] = []
     try:
@@ -170,3 +173,79 @@ def test_no_exchange_outlives_its_deadline(
         assert isinstance(result, (Unavailable, OutcomeUnknown))
         if not write:
             assert not isinstance(result, OutcomeUnknown)
+
+
+# -------------------------------------------------------------- failover within a second
+
+
+def test_a_frozen_node_is_given_up_after_the_calls_patience_not_the_timeout() -> None:
+    """A frozen leader holds the request: the write waits `patience`, not `timeout`, then
+    raises OutcomeUnknown (for the transport to resend where safe) and leaves the node."""
+    result, actions, clock, cursor = drive(
+        iter([NoReply("timed out")]), timeout=10.0, patience=0.6, request_time=lambda s: 99
+    )
+    assert isinstance(result, OutcomeUnknown)
+    assert sends(actions) == [Send(0, 0.6)]
+    assert clock.now == pytest.approx(100.6)
+    assert cursor.current == 1 and 0 in cursor.suspects
+
+
+def test_a_read_waits_twice_as_long_on_each_node_that_did_not_answer() -> None:
+    """A read may just be slow: each attempt after one with no reply waits twice as long
+    (up to `timeout`), so a slow answer is still had."""
+    slow = iter([NoReply("timed out"), NoReply("timed out"), OK])
+    result, actions, _, _ = drive(
+        slow, write=False, timeout=3.0, patience=1.0, deadline=10, request_time=lambda s: s.timeout
+    )
+    assert isinstance(result, list)
+    assert [s.timeout for s in sends(actions)] == [1.0, 2.0, 3.0]
+
+
+def test_a_suspected_node_is_skipped_until_it_answers_or_its_suspicion_lapses() -> None:
+    clock = Clock()
+    nodes = Nodes(3)
+    nodes.failed(0, clock.now)  # frozen: the first call gave it up
+    assert nodes.current == 1
+    nodes.failed(0, clock.now)  # another call in flight on it gives it up too...
+    assert nodes.current == 1  # ...and the choice does not move on twice
+    nodes.failed(1, clock.now)
+    assert nodes.current == 2  # not back to the suspected node 0
+    nodes.failed(2, clock.now)  # every node suspected: the one suspected longest ago
+    assert nodes.current in (0, 1)
+    nodes.answered(0)
+    assert 0 not in nodes.suspects
+    clock.now += 60  # suspicions lapse
+    nodes.moved_on(nodes.current, clock.now)
+    assert nodes.current == (nodes.current) % 3
+
+
+def test_a_call_after_a_failover_starts_on_the_node_that_answered() -> None:
+    nodes = Nodes(3)
+    result, _, clock, _ = drive(iter([NoReply("frozen")]), nodes=nodes, patience=0.5)
+    assert isinstance(result, OutcomeUnknown)
+    result, actions, _, _ = drive(iter([OK]), nodes=nodes, clock=clock)
+    assert isinstance(result, list) and [s.node for s in sends(actions)] == [1]
+    assert 1 not in nodes.suspects
+
+
+@pytest.mark.parametrize(
+    ("lease_for", "resend", "slow", "bytes_", "expected"),
+    [
+        (None, 0, 0.0, 0, 1.0),  # the floor
+        (None, 0, 0.5, 0, 2.0),  # slow lately: four times that
+        (None, 0, 0.0, 3_000_000, 4.0),  # a large body: a second more per MB
+        (None, 2, 0.0, 0, 4.0),  # the third send of the call: twice, twice
+        (2.0, 0, 0.0, 0, 2 / 3),  # leases of 2 s: a third of that
+        (30.0, 0, 0.0, 0, 1.0),  # leases of 30 s: the floor
+        (None, 5, 0.0, 0, 10.0),  # never more than the timeout
+    ],
+)
+def test_patience(
+    lease_for: float | None, resend: int, slow: float, bytes_: int, expected: float
+) -> None:
+    from rqlite_queue._protocol.http import ClientState, Endpoints
+
+    state = ClientState(Endpoints(("http://h:1",)), timeout=10.0)
+    state.slow = slow
+    request = HttpRequest("/db/request?transaction", b"x" * bytes_, 1)
+    assert state.patience(request, lease_for, resend) == pytest.approx(expected)

@@ -32,7 +32,9 @@ UPGRADE_ATTEMPTS = 5
 
 
 class AsyncExecutor(Protocol):
-    async def execute(self, batch: Batch, deadline: float) -> list[Result]: ...
+    async def execute(
+        self, batch: Batch, deadline: float, *, lease_for: float | None = None, resend: int = 0
+    ) -> list[Result]: ...
 
     async def close(self) -> None: ...
 
@@ -93,7 +95,8 @@ class AsyncBackend:
     async def _send(self, plan: Plan[T], deadline: float) -> T:
         if not plan.batch.statements:
             return plan.read(Reply(plan.batch, []))  # nothing to do (an empty settle, say)
-        return plan.read(Reply(plan.batch, await self.executor.execute(plan.batch, deadline)))
+        results = await self.executor.execute(plan.batch, deadline, lease_for=plan.lease_for)
+        return plan.read(Reply(plan.batch, results))
 
     async def _replay(self, plan: Plan[T], read: Callable[[Reply], T], deadline: float) -> T:
         """Send a retry-safe batch again after an unknown outcome, until `deadline`."""
@@ -109,7 +112,10 @@ class AsyncBackend:
             await asyncio.sleep(wait)
             self.resent += 1
             try:
-                return read(Reply(batch, await self.executor.execute(batch, deadline)))
+                results = await self.executor.execute(
+                    batch, deadline, lease_for=plan.lease_for, resend=retry.failures
+                )
+                return read(Reply(batch, results))
             except (Unavailable, OutcomeUnknown) as exc:
                 # Whatever this attempt met, the first one may have applied.
                 if time.monotonic() + MIN_ATTEMPT >= deadline:

@@ -15,9 +15,13 @@ from .._protocol.sql import Batch, Result
 class AsyncRqliteClient(ClientState):
     """Sends each batch to one node of the cluster, moving on when a node fails."""
 
-    async def execute(self, batch: Batch, deadline: float) -> list[Result]:
-        """Run `batch`, giving up at `deadline` (a `time.monotonic()` time)."""
-        request, steps = self.steps(batch, deadline)
+    async def execute(
+        self, batch: Batch, deadline: float, *, lease_for: float | None = None, resend: int = 0
+    ) -> list[Result]:
+        """Run `batch`, giving up at `deadline` (a `time.monotonic()` time). `lease_for`: the
+        visibility of the leases it takes or extends; `resend`: how many times the call sent
+        it already (both bound how long one node is waited for: `ClientState.patience`)."""
+        request, steps = self.steps(batch, deadline, lease_for, resend)
         action = next(steps)
         while True:
             if isinstance(action, Send):

@@ -22,6 +22,7 @@ from .._protocol.http import (
     Send,
     request_headers,
 )
+from .sockets import open_socket
 
 CONNECT_SHARE = 0.9
 
@@ -49,7 +50,9 @@ class AiohttpClient(AsyncRqliteClient):
         # Made on first use: a session belongs to the event loop that runs it.
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=POOL_SIZE, ssl=self._ssl),
+                connector=aiohttp.TCPConnector(
+                    limit=POOL_SIZE, ssl=self._ssl, socket_factory=open_socket
+                ),
                 headers=self._headers,
                 skip_auto_headers=("User-Agent",),
             )

@@ -35,9 +35,10 @@ class SqliteExecutor:
         )
         self._conn.execute("PRAGMA journal_mode=WAL")
 
-    def execute(self, batch: Batch, deadline: float) -> list[Result]:
+    def execute(self, batch: Batch, deadline: float, **hints: object) -> list[Result]:
         """Run `batch` in one transaction, waiting for the write lock until `deadline` (a
-        `time.monotonic()` time) at most."""
+        `time.monotonic()` time) at most. (The hints of the rqlite client's waits do not apply
+        to one file.)"""
         with self._lock:
             conn = self._conn
             if conn is None:
@@ -86,7 +87,7 @@ class AsyncSqliteExecutor:
         self._sync = SqliteExecutor(path, busy_timeout=busy_timeout)
         self.path = path
 
-    async def execute(self, batch: Batch, deadline: float) -> list[Result]:
+    async def execute(self, batch: Batch, deadline: float, **hints: object) -> list[Result]:
         return await asyncio.to_thread(self._sync.execute, batch, deadline)
 
     async def close(self) -> None:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import urllib3
+from urllib3.connection import HTTPConnection
 from urllib3.exceptions import ConnectTimeoutError, HTTPError, NewConnectionError, SSLError
 
 from .._protocol.http import (
@@ -23,6 +24,7 @@ from .._protocol.http import (
     request_headers,
 )
 from .._sync.rqlite_client import RqliteClient
+from .sockets import options as sockets_options
 
 
 class Urllib3Client(RqliteClient):
@@ -47,8 +49,11 @@ class Urllib3Client(RqliteClient):
         self._manager = urllib3.PoolManager(
             num_pools=4, maxsize=2, ssl_context=tls.get("ssl_context")
         )
+        sockets = HTTPConnection.default_socket_options + sockets_options()
         self._pools = [
-            urllib3.connection_from_url(url, maxsize=POOL_SIZE, block=False, retries=False, **tls)
+            urllib3.connection_from_url(
+                url, maxsize=POOL_SIZE, block=False, retries=False, socket_options=sockets, **tls
+            )
             for url in endpoints.urls
         ]
 

@@ -30,7 +30,7 @@ from ..errors import (
     OutcomeUnknown,
     Unavailable,
 )
-from .retry import FAILOVER, MIN_ATTEMPT, Retry
+from .retry import FAILOVER, MIN_ATTEMPT, PROBE, Retry
 from .sql import Batch, Result
 
 log = logging.getLogger("rqlite_queue.rqlite")
@@ -166,65 +166,108 @@ Outcome = HttpReply | NotSent | NoReply
 Action = Send | Sleep
 
 
+ATTEMPT_FLOOR = 1.0
+"""The least a request is given before its node is given up on (a frozen or cut-off node
+answers nothing: the request moves to the next node after this, not after `timeout`)."""
+SLOW_FACTOR = 4.0
+"""...unless this client's requests have been slow lately: then this many times that."""
+SLOW_DECAY = 0.95
+"""How fast the memory of a slow request fades, per reply."""
+SECONDS_PER_BYTE = 1e-6
+"""A large request is given a second more per MB of its body."""
+LEASE_SHARE = 1 / 3
+"""A request that takes or extends leases of `v` seconds is given at most `v / 3`: a node
+that holds it longer is given up on while the leases still hold."""
+LEASE_ATTEMPT_MIN = 0.1
+
+
 @dataclass(slots=True)
-class NodeCursor:
-    """Which node a client sends to next: it stays on one node until a failure moves it on."""
+class Nodes:
+    """Which node a client sends to next, and which it suspects. It stays on one node until a
+    failure moves it on. A node that did not answer (no connection, no reply) is suspected:
+    the next choices skip it until it answers, or its suspicion lapses (`retry.PROBE`, longer
+    each time it fails again); one failure moves the choice on once, however many calls in
+    flight meet it. Shared by every call of a client; no request is made to keep it."""
 
     count: int
     current: int = 0
+    suspects: dict[int, tuple[float, int]] = field(default_factory=dict)
+    """node -> (suspected until, failures in a row)."""
 
-    def advance(self) -> None:
-        self.current = (self.current + 1) % self.count
+    def failed(self, node: int, now: float) -> None:
+        """`node` did not answer: suspect it, and move on if it was the current one."""
+        _, failures = self.suspects.get(node, (0.0, 0))
+        self.suspects[node] = (now + PROBE.delay(failures + 1), failures + 1)
+        self.moved_on(node, now)
+
+    def moved_on(self, node: int, now: float) -> None:
+        """`node` answered, but could not take the request (no leader yet): try another."""
+        if node != self.current:
+            return  # another call has moved on from it already
+        order = [(node + i) % self.count for i in range(1, self.count + 1)]
+        trusted = [n for n in order if self.suspects.get(n, (0.0, 0))[0] <= now]
+        self.current = trusted[0] if trusted else min(order, key=lambda n: self.suspects[n][0])
+
+    def answered(self, node: int) -> None:
+        self.suspects.pop(node, None)
 
 
 def exchange(
     request: HttpRequest,
     *,
     write: bool,
-    nodes: NodeCursor,
+    nodes: Nodes,
     deadline: float,
     timeout: float,
     monotonic: Callable[[], float],
     jitter: Callable[[], float],
-    on_reply: Callable[[HttpReply, int], None] | None = None,
+    on_reply: Callable[[HttpReply, int, float], None] | None = None,
+    patience: float | None = None,
 ) -> Generator[Action, Outcome | None, list[Result]]:
-    """Send `request` until it is answered or `deadline` (a `monotonic` time) passes. A
-    failure that proves the request was not applied moves to the next node and tries again
-    after a backoff; a write whose outcome is unknown is not resent here (the transport knows
-    which writes are safe to resend) but raises `OutcomeUnknown`, after moving on to the next
-    node (the one that failed may be frozen). No request is given more time than is left."""
+    """Send `request` until it is answered or `deadline` (a `monotonic` time) passes. Each
+    attempt waits at most `patience` (default `timeout`; doubled after each attempt that had
+    no reply, up to `timeout`) for its node, then gives that node up. A failure that proves
+    the request was not applied moves to the next node and tries again after a backoff; a
+    write whose outcome is unknown is not resent here (the transport knows which writes are
+    safe to resend) but raises `OutcomeUnknown`, after moving on to the next node (the one
+    that failed may be frozen). No request is given more time than is left."""
     retry = Retry(FAILOVER, deadline, jitter)
     last: Unavailable | None = None
+    wait_for = min(timeout, patience) if patience is not None else timeout
     while True:
         left = deadline - monotonic()
         if left < MIN_ATTEMPT:
             raise last or Unavailable("rqlite: the deadline passed before any request was sent")
         node = nodes.current
-        outcome = yield Send(node, min(timeout, left))
+        sent = monotonic()
+        outcome = yield Send(node, min(wait_for, left))
         failure: Unavailable
         if isinstance(outcome, HttpReply):
+            nodes.answered(node)
             if on_reply is not None:
-                on_reply(outcome, node)
+                on_reply(outcome, node, monotonic() - sent)
             try:
                 return parse_reply(outcome.status, outcome.content, request.statements)
             except NoLeader as exc:
                 failure = exc
             except OutcomeUnknown as exc:
                 if write:
-                    nodes.advance()
+                    nodes.moved_on(node, monotonic())
                     raise
                 failure = Unavailable(str(exc))  # a read changes nothing: simply not done
+            nodes.moved_on(node, monotonic())
         elif isinstance(outcome, NotSent):
             failure = Unavailable(f"cannot reach rqlite node {node + 1}: {outcome.error}")
+            nodes.failed(node, monotonic())
         elif isinstance(outcome, NoReply):
+            nodes.failed(node, monotonic())
             if write:
-                nodes.advance()
                 raise OutcomeUnknown(f"rqlite node {node + 1}: no reply: {outcome.error}")
             failure = Unavailable(f"rqlite node {node + 1}: no reply: {outcome.error}")
+            wait_for = min(timeout, wait_for * 2)  # maybe only slow: more time next
         else:
             raise TypeError(f"exchange was sent {outcome!r}")
         last = failure
-        nodes.advance()
         wait = retry.wait(monotonic())
         if wait is None:
             raise failure
@@ -257,7 +300,9 @@ class ClientState:
         self.clock = clock
         """The clock whose skew from the nodes' is measured (the one leases are computed with)."""
         self.timeout = timeout
-        self.nodes = NodeCursor(len(endpoints.urls))
+        self.nodes = Nodes(len(endpoints.urls))
+        self.slow = 0.0
+        """The slowest recent reply (seconds), fading by SLOW_DECAY a reply."""
         self.skew = [SkewEstimate() for _ in endpoints.urls]
         self.skew_warning = skew_warning
         self._warned_at = float("-inf")
@@ -274,8 +319,19 @@ class ClientState:
         """The node requests go to now."""
         return self.endpoints.urls[self.nodes.current]
 
+    def patience(self, request: HttpRequest, lease_for: float | None, resend: int) -> float:
+        """How long an attempt waits for its node before giving it up: at least a second,
+        more for a client whose requests are slow lately and for a large request, doubled for
+        each resend of the call; at most a third of the visibility of the leases it takes or
+        extends (they must still hold after the next attempt), and at most `timeout`."""
+        wait = max(ATTEMPT_FLOOR, SLOW_FACTOR * self.slow) + len(request.body) * SECONDS_PER_BYTE
+        wait *= 2.0**resend
+        if lease_for is not None:
+            wait = min(wait, max(LEASE_ATTEMPT_MIN, lease_for * LEASE_SHARE))
+        return min(self.timeout, wait)
+
     def steps(
-        self, batch: Batch, deadline: float
+        self, batch: Batch, deadline: float, lease_for: float | None = None, resend: int = 0
     ) -> tuple[HttpRequest, Generator[Action, Outcome | None, list[Result]]]:
         request = request_for(batch)
         return request, exchange(
@@ -287,9 +343,11 @@ class ClientState:
             monotonic=time.monotonic,
             jitter=random.random,
             on_reply=self._on_reply,
+            patience=self.patience(request, lease_for, resend),
         )
 
-    def _on_reply(self, reply: HttpReply, node: int) -> None:
+    def _on_reply(self, reply: HttpReply, node: int, took: float) -> None:
+        self.slow = max(took, self.slow * SLOW_DECAY)
         date = http_date(reply.date) if reply.date else None
         if date is None:
             return
