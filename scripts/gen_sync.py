@@ -28,6 +28,7 @@ REPLACEMENTS = {
     "AsyncClusterRouter": "ClusterRouter",
     "AsyncShardRouter": "ShardRouter",
     "AsyncMoves": "Moves",
+    "AsyncOutbox": "Outbox",
     "AsyncRouter": "Router",
     "AsyncRuntime": "SyncRuntime",
     "AsyncWorker": "Worker",

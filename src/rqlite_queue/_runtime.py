@@ -23,8 +23,9 @@ T = TypeVar("T")
 Same = Annotated[T, "what Awaitable[T] becomes in the generated sync code: T itself"]
 __all__ = ["AsyncFanOut", "AsyncRuntime", "Awaitable", "FanOut", "Same", "SyncRuntime"]
 
-Done = Callable[[Any, BaseException | None], None]
-"""Called with (key, the handler's exception or None) when a handler finishes."""
+Done = Callable[[Any, BaseException | None, Any], None]
+"""Called with (key, the handler's exception or None, what it returned) when a handler
+finishes."""
 
 
 def is_async_handler(handler: Callable[..., Any]) -> bool:
@@ -79,9 +80,11 @@ class DaemonPool(Executor):
 def _report(key: Any, done: Done) -> Callable[[Future[Any]], None]:
     def callback(future: Future[Any]) -> None:
         if future.cancelled():
-            done(key, asyncio.CancelledError())
+            done(key, asyncio.CancelledError(), None)
+        elif future.exception() is not None:
+            done(key, future.exception(), None)
         else:
-            done(key, future.exception())
+            done(key, None, future.result())
 
     return callback
 
@@ -188,13 +191,14 @@ class SyncRuntime:
             raise InvalidArgument("Worker takes a sync handler; use AsyncWorker for a coroutine")
 
     def start(self, handler: Callable[..., Any], lease: Any, key: Any, done: Done) -> None:
-        def run() -> None:
+        def run() -> Any:
             result = handler(lease)
             if inspect.isawaitable(result):
                 close = getattr(result, "close", None)
                 if close is not None:
                     close()  # never awaited: do not leave a warning behind
                 raise InvalidArgument("the handler returned an awaitable: use AsyncWorker")
+            return result
 
         self._pool.submit(run).add_done_callback(_report(key, done))
 

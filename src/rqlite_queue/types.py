@@ -86,6 +86,9 @@ class Stats:
     """A sharded queue's shards that did not answer: the counts above leave them out."""
     by_shard: dict[str, int] = field(default_factory=dict)
     """A sharded queue's depth on each shard that answered."""
+    outbox: int = 0
+    """A sharded queue's follow-ups written on one shard for groups on another, not yet
+    forwarded (0 on one cluster)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +147,9 @@ class Round:
     unsettled: list[Lease] = field(default_factory=list)
     """Settlements and extensions whose shard did not answer (a sharded transport's; on one
     cluster the call raises instead): not known to be applied, to be sent again."""
+    forwarded: int = 0
+    """Follow-ups this round wrote to an outbox and forwarded to their shards at its end (a
+    sharded queue's): new messages that its own claim could not see yet."""
 
 
 @dataclass(frozen=True, slots=True)

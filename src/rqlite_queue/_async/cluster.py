@@ -124,10 +124,16 @@ class AsyncBackend:
                     ) from exc
 
     async def round(
-        self, checked: CheckedRound, deadline: float, *, probe_when_idle: bool
+        self,
+        checked: CheckedRound,
+        deadline: float,
+        *,
+        probe_when_idle: bool,
+        guard: Callable[[Plan[Round]], Plan[Round]] | None = None,
     ) -> Round:
         """Settle and claim. `probe_when_idle`: a claim without settlements after one that
         found nothing first asks with a read (no Raft write) whether anything is claimable.
+        `guard`: what the round's plan must pass (a sharded queue's epoch check).
         Leases taken on messages whose ttl had passed are never handed out: they are
         dead-lettered (reason `expired`), and as many leases claimed again in the same call
         (if that fails, they lapse, and the next claim expires them)."""
@@ -135,7 +141,8 @@ class AsyncBackend:
         asks_first = probe_when_idle and not checked.settlements and self._idle.get(floor)
         if asks_first and not await self._worth_claiming(floor, deadline):
             return Round()
-        result = await self.run(self.core.round(checked), deadline)
+        plan = self.core.round(checked)
+        result = await self.run(guard(plan) if guard is not None else plan, deadline)
         leases, expired = list(result.leases), result.expired
         while expired:
             spec = RoundSpec(

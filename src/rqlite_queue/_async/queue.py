@@ -182,10 +182,15 @@ class AsyncTransport:
         leases = await self.claim_many(worker_id, visibility, 1, min_priority)
         return leases[0] if leases else None
 
-    async def ack(self, lease: Lease) -> None:
+    async def ack(self, lease: Lease, *, publish: Iterable[PublishItem] = ()) -> None:
         """Done: remove the message and free its group. `LeaseLost` if the lease no longer
-        holds the group."""
-        await self._settle("ack", RoundSpec(ack=[lease]))
+        holds the group (then nothing changed).
+
+        `publish`: follow-ups, as `publish_many` takes them (any groups, priorities, dedup
+        ids, delays), published in the same transaction as the ack and only if it applies:
+        the message's effects inside the queue happen exactly once (see "Exactly-once
+        effects" in the docs)."""
+        await self._settle("ack", RoundSpec(ack=[lease], publish=_follow_ups(lease, publish)))
 
     async def nack(self, lease: Lease, delay: float = 0.0) -> None:
         """Give the message back: claimable now (`delay=0`) or its group parked for `delay`
@@ -249,13 +254,16 @@ class AsyncTransport:
         dead: Sequence[tuple[Lease, str]] = (),
         hold_dead: bool = False,
         min_priority: int = 0,
+        publish: Sequence[tuple[Lease, Iterable[PublishItem]]] = (),
     ) -> Round:
         """Settle leases (ack; nack as `(lease, delay)`; extend by `visibility`; dead-letter as
         `(lease, reason)`, holding their groups with `hold_dead`) and claim up to `n` new
         leases, in one round trip and one transaction. Leases that no longer held are listed
-        in `Round.lost` (they changed nothing); nothing is raised for them. On a sharded queue,
-        settlements on a shard that did not answer raise `PartialRound`, whose `.round` lists
-        them in `unsettled` (the rest was applied)."""
+        in `Round.lost` (they changed nothing); nothing is raised for them. `publish`: the
+        follow-ups of acked or dead-lettered leases, as `(lease, items)`, each published only
+        if its lease's settlement applies. On a sharded queue, settlements on a shard that did
+        not answer raise `PartialRound`, whose `.round` lists them in `unsettled` (the rest
+        was applied)."""
         spec = RoundSpec(
             worker_id=worker_id,
             visibility=visibility,
@@ -266,13 +274,15 @@ class AsyncTransport:
             extend=extend,
             dead=dead,
             hold_dead=hold_dead,
+            publish=publish,
         )
-        checked = self._core.check_round(spec)
+        checked = self._core.check_round(spec, scoped=self.router.scoped_dedup)
         return await self.router.round(checked, self._by(), probe_when_idle=False)
 
     async def _settle(self, what: str, spec: RoundSpec) -> Round:
         """Settlements alone, fenced: `LeaseLost` lists the leases that no longer held."""
-        result = await self.router.settle(self._core.check_round(spec), self._by(), what)
+        checked = self._core.check_round(spec, scoped=self.router.scoped_dedup)
+        result = await self.router.settle(checked, self._by(), what)
         if result.lost:
             raise lease_lost(result.lost, what)
         return result
@@ -290,10 +300,21 @@ class AsyncTransport:
         result = await self._settle("extend", RoundSpec(extend=[lease], visibility=visibility))
         return result.extended[0]
 
-    async def dead_letter(self, lease: Lease, reason: str, *, hold: bool = False) -> None:
+    async def dead_letter(
+        self,
+        lease: Lease,
+        reason: str,
+        *,
+        hold: bool = False,
+        publish: Iterable[PublishItem] = (),
+    ) -> None:
         """Move the message to the dead-letter table, with `reason`, and free its group (or,
-        with `hold`, hold it until `release_group`)."""
-        await self._settle("dead_letter", RoundSpec(dead=[(lease, reason)], hold_dead=hold))
+        with `hold`, hold it until `release_group`). `publish`: follow-ups, as `ack` takes
+        them."""
+        spec = RoundSpec(
+            dead=[(lease, reason)], hold_dead=hold, publish=_follow_ups(lease, publish)
+        )
+        await self._settle("dead_letter", spec)
 
     # ------------------------------------------------------------------------ schedules
 
@@ -625,6 +646,14 @@ class AsyncShardedTransport(AsyncTransport):
 
 def _token() -> str:
     return uuid.uuid4().hex
+
+
+def _follow_ups(
+    lease: Lease, items: Iterable[PublishItem]
+) -> list[tuple[Lease, Iterable[PublishItem]]]:
+    if isinstance(items, tuple) and not items:
+        return []
+    return [(lease, items)]
 
 
 def _rqlite_backend(

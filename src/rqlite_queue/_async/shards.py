@@ -7,19 +7,21 @@ shard, the probes of a shard that stopped answering, and changes of the shard li
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
 from .._protocol.core import Plan, QueueCore
-from .._protocol.params import CheckedRound
+from .._protocol.params import CheckedRound, Settlement
 from .._protocol.sharding import (
     ShardHealth,
     ShardList,
     finished_on,
     merge_rounds,
     rotation,
+    route_follow_ups,
     shares,
     split_by_shard,
     split_round,
@@ -38,6 +40,7 @@ from ..errors import (
 from ..types import NodeView, Round
 from .cluster import AsyncBackend, Merge
 from .moves import AsyncMoves
+from .outbox import AsyncOutbox
 
 T = TypeVar("T")
 
@@ -74,6 +77,7 @@ class AsyncShardRouter:
         self._fan = AsyncFanOut(len(self.backends))
         self._turn = 0
         self._next_release_sweep = 0.0
+        self.outbox = AsyncOutbox(self)
         self.moves = AsyncMoves(self)
 
     @property
@@ -263,10 +267,12 @@ class AsyncShardRouter:
             settle = settling and name in parts
             if settle:
                 self.check_up(name, leases=True)
-            mine = checked.part(parts[name] if settle else (), want.get(name, 0))
-            return await backend.round(mine, self._claim_by(deadline), probe_when_idle=not settle)
+            mine = parts[name] if settle else []
+            n, by = want.get(name, 0), self._claim_by(deadline)
+            return await self._part(name, backend, checked, mine, n, by, probe=not settle)
 
         results = await self.on_many(first, functools.partial(part, want, True), claims=True)
+        forwarded = await self.outbox.forward_soon(deadline)
         rounds = {n: r for n, r in results.items() if not isinstance(r, BaseException)}
         unsettled = [s for n in results if n not in rounds for s in parts.get(n, ())]
         exhausted = {
@@ -294,7 +300,7 @@ class AsyncShardRouter:
             with contextlib.suppress(*NOT_ANSWERED):
                 finished = finished_on(checked, self.shard_list.shard_of_lease, rounds)
                 await self.moves.release_moved(finished, deadline)
-        done = merge_rounds(checked, rounds, unsettled)
+        done = dataclasses.replace(merge_rounds(checked, rounds, unsettled), forwarded=forwarded)
         if unsettled:
             down = sorted({self.shard_list.shard_of_lease(s.lease) for s in unsettled})
             raise PartialRound(
@@ -312,8 +318,7 @@ class AsyncShardRouter:
             self.check_up(name, leases=True)
 
         async def part(name: str, backend: AsyncBackend) -> Round:
-            mine = checked.part(parts[name], 0)
-            return await backend.round(mine, deadline, probe_when_idle=False)
+            return await self._part(name, backend, checked, parts[name], 0, deadline, False)
 
         if len(parts) == 1:  # its error as it is
             [name] = parts
@@ -325,7 +330,39 @@ class AsyncShardRouter:
                 raise Unavailable(f"{what}: shard(s) {', '.join(failed)} did not answer")
         finished = finished_on(checked, self.shard_list.shard_of_lease, rounds)
         await self.moves.release_moved(finished, deadline)
-        return merge_rounds(checked, rounds, ())
+        forwarded = await self.outbox.forward_soon(deadline)
+        return dataclasses.replace(merge_rounds(checked, rounds, ()), forwarded=forwarded)
+
+    async def _part(
+        self,
+        name: str,
+        backend: AsyncBackend,
+        checked: CheckedRound,
+        settlements: Sequence[Settlement],
+        n: int,
+        deadline: float,
+        probe: bool,
+    ) -> Round:
+        """One shard's part of a round: its settlements' follow-ups published with them when
+        their group lives here (behind the shard list's epoch, as publishes are), else written
+        to its outbox."""
+        routed = route_follow_ups(settlements, name, self.shard_list)
+        guard = None
+        if any(s.follow_ups for s in routed):
+            epoch = self.shard_list.epoch
+
+            def guard(plan: Plan[Round]) -> Plan[Round]:
+                return self.core.guarded(plan, epoch)
+
+        try:
+            result = await backend.round(
+                checked.part(routed, n), deadline, probe_when_idle=probe, guard=guard
+            )
+        except BackendError as exc:
+            raise self.moves.stale(name, exc) from exc
+        if any(s.outboxed for s in routed):
+            self.outbox.written.add(name)
+        return result
 
     async def schedule(self, plan: Plan[T], name: str, group_id: str, deadline: float) -> T:
         """Stored on the group's shard (its ticks are publishes to that group); a schedule of
@@ -347,6 +384,8 @@ class AsyncShardRouter:
             self._next_release_sweep = time.monotonic() + RELEASE_SWEEP
             await self.moves.release_moved_groups(deadline)
         results = await self.answering(functools.partial(self._fire_on, deadline), True)
+        with contextlib.suppress(*NOT_ANSWERED):  # what a crashed forwarder left behind
+            await self.outbox.forward(deadline)
         return sum(results.values())
 
     async def _fire_on(self, deadline: float, name: str, backend: AsyncBackend) -> int:

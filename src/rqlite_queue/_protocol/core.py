@@ -257,9 +257,10 @@ class QueueCore:
 
     # ------------------------------------------------------------- settle, then claim
 
-    def check_round(self, spec: RoundSpec) -> CheckedRound:
-        """Every argument of a round, checked once, before anything is sent anywhere."""
-        checked = spec.checked()
+    def check_round(self, spec: RoundSpec, *, scoped: bool = False) -> CheckedRound:
+        """Every argument of a round, checked once, before anything is sent anywhere.
+        `scoped`: the follow-ups' dedup ids are scoped to their group (a sharded queue's)."""
+        checked = spec.checked(lambda given: self.messages(given, scoped=scoped))
         self._now()
         return checked
 
@@ -293,6 +294,9 @@ class QueueCore:
             extend=[s.held for s in extends],
             extend_until=until,
             expired=sum(s.expired for s in settling),
+            follow_ups=[(s.held, m) for s in finish for m in s.follow_ups],
+            outboxed=[(s.held, m) for s in finish for m in s.outboxed],
+            dedup_until=now + self.dedup_window,
         )
         prune = bool(settle.finish) and self.chance() < PRUNE_CHANCE
         batch, resend = sql.round_trips(
@@ -537,7 +541,7 @@ class QueueCore:
 
         def read(reply: sql.Reply) -> Stats:
             depth, groups, in_flight, parked, dead, oldest, held, delayed = reply["counts"].rows[0]
-            expired, paused, last_seq = reply["counters"].rows[0]
+            expired, paused, last_seq, outbox = reply["counters"].rows[0]
             return Stats(
                 depth=int(depth),
                 groups=int(groups),
@@ -551,6 +555,7 @@ class QueueCore:
                 expired=int(expired or 0),
                 paused=bool(paused),
                 last_seq=int(last_seq or 0),
+                outbox=int(outbox or 0),
             )
 
         return Plan(sql.stats(self.names, now=now), read)
@@ -575,6 +580,18 @@ class QueueCore:
 
     def release_waits(self, group_ids: Sequence[str]) -> Plan[None]:
         return Plan(sql.release_waits(self.names, group_ids), _nothing)
+
+    def read_outbox(self, limit: int) -> Plan[list[sql.OutboxRow]]:
+        self._now()
+        return Plan(sql.read_outbox(self.names, limit=limit), sql.outbox_rows)
+
+    def forwarded(self, ids: Sequence[int]) -> Plan[int]:
+        """Forget forwarded follow-ups (safe to resend: a second delete finds none)."""
+
+        def read(reply: sql.Reply) -> int:
+            return reply["forwarded"].rows_affected
+
+        return Plan(sql.forwarded(self.names, ids), read, read)
 
     def waiting_groups(self, limit: int) -> Plan[list[str]]:
         return Plan(sql.waiting_groups(self.names, limit=limit), sql.read_waiting)

@@ -170,9 +170,15 @@ class RoundSpec:
     hold_dead: Any = False
     expired: Sequence[Lease] = ()
     """Leases taken on messages whose ttl had passed: dead-lettered with reason `expired`."""
+    publish: Sequence[tuple[Lease, Iterable[PublishItem]]] = ()
+    """Follow-ups: (a lease acked or dead-lettered in this round, the messages published with
+    its settlement, as `publish_many` takes them)."""
 
-    def checked(self) -> CheckedRound:
-        """Every argument checked, once, before anything is sent anywhere."""
+    def checked(
+        self, messages: Callable[[Sequence[Message]], list[sql.NewMessage]]
+    ) -> CheckedRound:
+        """Every argument checked, once, before anything is sent anywhere (`messages`
+        checks and encodes follow-ups)."""
         check_int(self.n, "n", 0, MAX_BATCH)
         check_int(self.min_priority, "min_priority", 0, MAX_PRIORITY)
         check_seconds(self.visibility, "visibility", allow_zero=False)
@@ -192,15 +198,22 @@ class RoundSpec:
         given += [(lease, FINISH, EXPIRED, 0.0, True) for lease in _items(self.expired, "expired")]
         if len(given) > MAX_BATCH:
             raise InvalidArgument(f"at most {MAX_BATCH} leases settled per call")
+        follow_ups = _follow_ups(self.publish, messages)
         seen: set[tuple[str, str, int]] = set()
         settlements = []
         for index, (lease, kind, reason, delay, expired) in enumerate(given):
             held = _held(lease)
             key = (held.group_id, held.token, held.seq)
+            mine = follow_ups.pop(key, ()) if kind == FINISH and key not in seen else ()
             settlements.append(
-                Settlement(index, lease, held, kind, reason, delay, key in seen, expired)
+                Settlement(index, lease, held, kind, reason, delay, key in seen, expired, mine)
             )
             seen.add(key)
+        if follow_ups:
+            raise InvalidArgument(
+                "publish= names a lease that is not acked or dead-lettered in this round: "
+                "follow-ups go with their lease's settlement"
+            )
         return CheckedRound(
             self.worker_id,
             float(self.visibility),
@@ -231,6 +244,10 @@ class Settlement:
     """The lease was named earlier in this round: settled then, reported lost here."""
     expired: bool = False
     """A lease on a message whose ttl passed: dead-lettered as `expired`."""
+    follow_ups: tuple[sql.NewMessage, ...] = ()
+    """Published with this settlement, only if it applies."""
+    outboxed: tuple[sql.NewMessage, ...] = ()
+    """Follow-ups to groups of other shards: written to this shard's outbox."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,6 +269,40 @@ class CheckedRound:
     def part(self, settlements: Sequence[Settlement], n: int) -> CheckedRound:
         """The same round with only `settlements`, claiming `n`."""
         return dataclasses.replace(self, settlements=tuple(settlements), n=n)
+
+
+def _follow_ups(
+    given: object, messages: Callable[[Sequence[Message]], list[sql.NewMessage]]
+) -> dict[tuple[str, str, int], tuple[sql.NewMessage, ...]]:
+    """The follow-ups of each lease (by key), checked and encoded. A dedup id repeated within
+    one lease's follow-ups is one message; across two leases' it is refused (which one of them
+    holds is only known when the round applies)."""
+    pairs = _items(given, "publish")
+    checked: dict[tuple[str, str, int], tuple[sql.NewMessage, ...]] = {}
+    owner: dict[str, tuple[str, str, int]] = {}
+    total = 0
+    for pair in pairs:
+        lease, items = _pair(pair, "publish")
+        held = _held(lease)
+        key = (held.group_id, held.token, held.seq)
+        if key in checked:
+            raise InvalidArgument("publish= names a lease twice: give its follow-ups once")
+        parsed = Message.parse_many(items)
+        total += len(parsed)
+        if total > MAX_PUBLISH:
+            raise InvalidArgument(f"at most {MAX_PUBLISH} follow-ups per round")
+        unique: list[sql.NewMessage] = []
+        for m in messages(parsed):
+            if m.dedup_id is not None:
+                if owner.setdefault(m.dedup_id, key) != key:
+                    raise InvalidArgument(
+                        f"dedup id {show(m.dedup_id)} is in the follow-ups of two leases"
+                    )
+                if any(u.dedup_id == m.dedup_id for u in unique):
+                    continue
+            unique.append(m)
+        checked[key] = tuple(unique)
+    return checked
 
 
 def check_reason(reason: object) -> str:

@@ -21,6 +21,7 @@ from ..errors import InvalidArgument, ShardDown
 from ..types import DeadLetter, GroupInfo, Lease, Probe, Round, Schedule, ShardStatus, Stats
 from .params import FINISH, CheckedRound, Settlement
 from .retry import PROBE
+from .sql import NewMessage, OutboxRow
 
 T = TypeVar("T")
 
@@ -285,6 +286,7 @@ def merge_stats(stats: Iterable[Stats]) -> Stats:
         expired=sum(s.expired for s in stats),
         paused=any(s.paused for s in stats),
         last_seq=sum(s.last_seq for s in stats),
+        outbox=sum(s.outbox for s in stats),
     )
 
 
@@ -427,6 +429,35 @@ def split_round(
     for s in checked.settlements:
         parts.setdefault(shard_of(s.lease), []).append(s)
     return parts
+
+
+def route_follow_ups(
+    settlements: Sequence[Settlement], name: str, shard_list: ShardList
+) -> list[Settlement]:
+    """The settlements of shard `name`, their follow-ups split: those of groups that live on
+    it are published with the settlement; the others (and, while the shard list changes,
+    those of groups that move) are written to its outbox, to be forwarded."""
+    routed = []
+    for s in settlements:
+        if not s.follow_ups:
+            routed.append(s)
+            continue
+        here: list[NewMessage] = []
+        there: list[NewMessage] = []
+        for m in s.follow_ups:
+            target, previous = shard_list.placement(m.group_id)
+            (here if target == previous == name else there).append(m)
+        routed.append(dataclasses.replace(s, follow_ups=tuple(here), outboxed=tuple(there)))
+    return routed
+
+
+def outbox_message(shard: str, row: OutboxRow) -> NewMessage:
+    """A follow-up from shard `shard`'s outbox, as forwarded: with its own dedup id, or one
+    made from its row (both scoped to its group), so forwarding it twice publishes it once."""
+    if row.message.dedup_id is not None:
+        return row.message
+    made = scoped_dedup_id(row.message.group_id, f"outbox:{shard}:{row.id}")
+    return dataclasses.replace(row.message, dedup_id=made)
 
 
 def finished_on(

@@ -45,6 +45,9 @@ Tables, per queue (`rq_<queue>_` prefix):
   back), written in the transaction of the settlement itself: a settlement sent again after
   its reply was lost finds its own record, and so tells "this lease's settlement applied" from
   "the lease went to another holder". Kept RETIRE_WINDOW, pruned like the claim tokens.
+- `outbox`: on a sharded queue, the follow-ups of a settlement (messages published with it)
+  whose group lives on another shard: written in the settlement's transaction, forwarded to
+  their shard with a dedup id made from their id, then deleted.
 """
 
 from __future__ import annotations
@@ -156,6 +159,7 @@ class Names:
     schedules_due: str
     settled: str
     settled_expiry: str
+    outbox: str
     retired: str
     """Schema v1 only (its job is done by the empty rows of `groups` since v2)."""
 
@@ -181,6 +185,7 @@ class Names:
             schedules_due=p + "schedules_due",
             settled=p + "settled",
             settled_expiry=p + "settled_expiry",
+            outbox=p + "outbox",
             retired=p + "retired",
         )
 
@@ -195,6 +200,7 @@ class Names:
             self.claims,
             self.schedules,
             self.settled,
+            self.outbox,
         )
 
 
@@ -309,6 +315,7 @@ def create(n: Names) -> Batch:
         *_schedules_table(n),
         *_groups_indexes(n),
         *_settled_table(n),
+        *_outbox_table(n),
     ]:
         b.add(statement)
     b.add(
@@ -391,10 +398,21 @@ def _settled_table(n: Names) -> list[str]:
     ]
 
 
+def _outbox_table(n: Names) -> list[str]:
+    # Forwarded in id order (the primary key: no other index), so a group's follow-ups reach
+    # their shard in the order they were written.
+    return [
+        f"CREATE TABLE {n.outbox} (id INTEGER PRIMARY KEY AUTOINCREMENT, group_id TEXT NOT "
+        f"NULL, event TEXT NOT NULL, priority INTEGER NOT NULL, dedup_id TEXT, due REAL NOT "
+        f"NULL, expires REAL, created_at REAL NOT NULL)"
+    ]
+
+
 def _to_v3(b: _Builder, n: Names) -> None:
-    """v2 -> v3: `settled` (a settlement's outcome known exactly after a lost reply). v2
-    clients keep working on a v3 queue: they do not write records, and need none."""
-    for statement in _settled_table(n):
+    """v2 -> v3: `settled` (a settlement's outcome known exactly after a lost reply) and
+    `outbox` (a sharded settlement's follow-ups to other shards). v2 clients keep working on a
+    v3 queue: they write no records and need none, and publish no follow-ups."""
+    for statement in [*_settled_table(n), *_outbox_table(n)]:
         b.add(statement)
 
 
@@ -446,13 +464,37 @@ def publish(
     seqs of deduplicated messages (new or earlier) are read back. `messages` must not repeat a
     dedup id (the core folds repeats). `prune_before`: first forget dedup ids that expired
     before it."""
-    deduplicated = any(m.dedup_id is not None for m in messages)
     items = _json(
         [[m.group_id, m.event, m.priority, m.dedup_id, m.due, m.expires] for m in messages]
     )
     b = _Builder()
     if prune_before is not None:
         b.add(f"DELETE FROM {n.dedup} WHERE expires_at < :t", {"t": prune_before})
+    _insert_messages(b, n, messages, items, now, dedup_until, "true")
+    if any(m.dedup_id is not None for m in messages):
+        ids = _json([m.dedup_id for m in messages if m.dedup_id is not None])
+        b.add(
+            f"SELECT d.dedup_id, d.seq FROM json_each(:ids) j "
+            f"JOIN {n.dedup} d ON d.dedup_id = j.value",
+            {"ids": ids},
+            slot="dedup",
+        )
+    return b.build()
+
+
+def _insert_messages(
+    b: _Builder,
+    n: Names,
+    messages: Sequence[NewMessage],
+    items: str,
+    now: float,
+    dedup_until: float,
+    condition: str,
+) -> None:
+    """Insert `items` (a JSON array: group, event, priority, dedup id, due, expires, ...),
+    those for which `condition` holds (an SQL expression over `j`), and create or refill
+    their groups' rows."""
+    deduplicated = any(m.dedup_id is not None for m in messages)
     if deduplicated:
         # Rows inserted below have seqs above the last one ever given (AUTOINCREMENT).
         b.add(
@@ -460,15 +502,15 @@ def publish(
             f"WHERE name = '{n.messages}'), 0) WHERE \"key\" = 'mark'"
         )
     unseen = (
-        f" WHERE {_item(3)} IS NULL OR NOT EXISTS (SELECT 1 FROM {n.dedup} "
-        f"WHERE dedup_id = {_item(3)} AND expires_at >= :now)"
+        f" AND ({_item(3)} IS NULL OR NOT EXISTS (SELECT 1 FROM {n.dedup} "
+        f"WHERE dedup_id = {_item(3)} AND expires_at >= :now))"
         if deduplicated
         else ""
     )
     b.add(
         f"INSERT INTO {n.messages} (group_id, event, published_at, dedup_id, due, expires) "
         f"SELECT {_item(0)}, {_item(1)}, :now, {_item(3)}, {_item(4)}, {_item(5)} "
-        f"FROM json_each(:items) j{unseen} ORDER BY j.key",
+        f"FROM json_each(:items) j WHERE {condition}{unseen} ORDER BY j.key",
         {"items": items, "now": now},
         slot="inserted",
     )
@@ -483,8 +525,8 @@ def publish(
     # Only the items inserted now create or refill their group's row (a duplicate must not
     # bring back a group that has since emptied, nor set a priority).
     inserted_now = (
-        f"{_item(3)} IS NULL OR (SELECT seq FROM {n.dedup} WHERE dedup_id = {_item(3)}) > "
-        f"(SELECT value FROM {n.meta} WHERE \"key\" = 'mark')"
+        f"({_item(3)} IS NULL OR (SELECT seq FROM {n.dedup} WHERE dedup_id = {_item(3)}) > "
+        f"(SELECT value FROM {n.meta} WHERE \"key\" = 'mark'))"
         if deduplicated
         else "true"
     )
@@ -492,19 +534,10 @@ def publish(
         _UPSERT_GROUP.format(
             n=n,
             rows=f"j.key, {_item(0)}, {_item(2)}, {_item(4)} FROM json_each(:items) j "
-            f"WHERE {inserted_now}",
+            f"WHERE {condition} AND {inserted_now}",
         ),
         {"items": items, "now": now},
     )
-    if deduplicated:
-        ids = _json([m.dedup_id for m in messages if m.dedup_id is not None])
-        b.add(
-            f"SELECT d.dedup_id, d.seq FROM json_each(:ids) j "
-            f"JOIN {n.dedup} d ON d.dedup_id = j.value",
-            {"ids": ids},
-            slot="dedup",
-        )
-    return b.build()
 
 
 def _forget_expired(b: _Builder, n: Names, groups: str, params: dict[str, Any], now: float) -> None:
@@ -608,6 +641,11 @@ class Settle:
     extend_until: float = 0.0
     expired: int = 0
     """How many of the dead letters are messages that expired (counted in `meta`)."""
+    follow_ups: Sequence[tuple[Held, NewMessage]] = ()
+    """Messages published with a finished lease's settlement, only if it applies."""
+    outboxed: Sequence[tuple[Held, NewMessage]] = ()
+    """The same, for groups on other shards: written to the outbox, forwarded later."""
+    dedup_until: float = 0.0
 
     @property
     def count(self) -> int:
@@ -622,10 +660,11 @@ class Settle:
         return [*finished, *[GIVEN_BACK] * len(self.give_back), *[0] * len(self.extend)]
 
 
-def _holds(alias: str = "j", groups: str = "g") -> str:
+def _holds(alias: str = "j", groups: str = "g", at: int = 0) -> str:
+    """The lease named by items `at`, `at + 1`, `at + 2` (group, token, seq) holds."""
     return (
-        f"{groups}.group_id = {_item(0, alias)} AND {groups}.token = {_item(1, alias)} "
-        f"AND {groups}.head = {_item(2, alias)}"
+        f"{groups}.group_id = {_item(at, alias)} AND {groups}.token = {_item(at + 1, alias)} "
+        f"AND {groups}.head = {_item(at + 2, alias)}"
     )
 
 
@@ -680,7 +719,35 @@ def round_trips(
     return first, round_trip(n, now=now, settle=settle, claim=claim, prune=prune)
 
 
+def _follow_ups(b: _Builder, n: Names, s: Settle, now: float) -> None:
+    """The follow-ups of settlements, each published (or written to the outbox) only if its
+    lease holds: placed before the settlements change the leases. A resend after the first
+    send applied finds the lease gone and publishes nothing again."""
+    lease = f"EXISTS (SELECT 1 FROM {n.groups} g WHERE {_holds(alias='j', groups='g', at=6)})"
+    if s.outboxed:
+        items = _json(
+            [[m.group_id, m.event, m.priority, m.dedup_id, m.due, m.expires, *h.key()]
+             for h, m in s.outboxed]
+        )  # fmt: skip
+        b.add(
+            f"INSERT INTO {n.outbox} (group_id, event, priority, dedup_id, due, expires, "
+            f"created_at) SELECT {_item(0)}, {_item(1)}, {_item(2)}, {_item(3)}, {_item(4)}, "
+            f"{_item(5)}, :now FROM json_each(:o) j WHERE {lease} ORDER BY j.key",
+            {"o": items, "now": now},
+            slot="outboxed",
+        )
+    if not s.follow_ups:
+        return
+    messages = [m for _, m in s.follow_ups]
+    items = _json(
+        [[m.group_id, m.event, m.priority, m.dedup_id, m.due, m.expires, *h.key()]
+         for h, m in s.follow_ups]
+    )  # fmt: skip
+    _insert_messages(b, n, messages, items, now, s.dedup_until, lease)
+
+
 def _settle(b: _Builder, n: Names, s: Settle, now: float) -> None:
+    _follow_ups(b, n, s, now)
     every = [[*h.key(), kind] for h, kind in zip(s.all(), s.kinds(), strict=True)]
     recorded = [item for item in every if item[3]]
     earlier = (
@@ -1232,7 +1299,8 @@ def stats(n: Names, *, now: float) -> Batch:
     # Short statements (see the top): the counters apart.
     b.add(
         f"SELECT (SELECT value FROM {n.meta} WHERE \"key\" = 'expired'), {_paused(n)}, "
-        f"(SELECT seq FROM sqlite_sequence WHERE name = '{n.messages}')",
+        f"(SELECT seq FROM sqlite_sequence WHERE name = '{n.messages}'), "
+        f"(SELECT count(*) FROM {n.outbox})",
         slot="counters",
     )
     # Per group, its range of the messages index (index-only, no table row read): 2.7x
@@ -1362,3 +1430,53 @@ def shard_epoch(n: Names) -> Batch:
 def read_shard_epoch(reply: Reply) -> int:
     rows = reply["epoch"].rows
     return int(rows[0][0]) if rows else 0
+
+
+# ------------------------------------------------------------------ the outbox (sharded)
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxRow:
+    id: int
+    message: NewMessage
+
+
+def read_outbox(n: Names, *, limit: int) -> Batch:
+    """The oldest follow-ups waiting to be forwarded, in the order they were written (the
+    leader's own copy: a row committed a moment ago may be missed, and is found next time)."""
+    b = _Builder(write=False, local=True)
+    b.add(
+        f"SELECT id, group_id, event, priority, dedup_id, due, expires FROM {n.outbox} "
+        f"ORDER BY id LIMIT :n",
+        {"n": limit},
+        slot="outbox",
+    )
+    return b.build()
+
+
+def outbox_rows(reply: Reply) -> list[OutboxRow]:
+    return [
+        OutboxRow(
+            int(r[0]),
+            NewMessage(
+                str(r[1]),
+                str(r[2]),
+                int(r[3]),
+                None if r[4] is None else str(r[4]),
+                float(r[5]),
+                None if r[6] is None else float(r[6]),
+            ),
+        )
+        for r in reply["outbox"].rows
+    ]
+
+
+def forwarded(n: Names, ids: Sequence[int]) -> Batch:
+    """Forget the follow-ups that reached their shard."""
+    b = _Builder()
+    b.add(
+        f"DELETE FROM {n.outbox} WHERE id IN (SELECT value FROM json_each(:ids))",
+        {"ids": _json(list(ids))},
+        slot="forwarded",
+    )
+    return b.build()

@@ -123,9 +123,17 @@ class Backend:
                         f"queue {self.core.names.queue!r}: outcome unknown: {exc}"
                     ) from exc
 
-    def round(self, checked: CheckedRound, deadline: float, *, probe_when_idle: bool) -> Round:
+    def round(
+        self,
+        checked: CheckedRound,
+        deadline: float,
+        *,
+        probe_when_idle: bool,
+        guard: Callable[[Plan[Round]], Plan[Round]] | None = None,
+    ) -> Round:
         """Settle and claim. `probe_when_idle`: a claim without settlements after one that
         found nothing first asks with a read (no Raft write) whether anything is claimable.
+        `guard`: what the round's plan must pass (a sharded queue's epoch check).
         Leases taken on messages whose ttl had passed are never handed out: they are
         dead-lettered (reason `expired`), and as many leases claimed again in the same call
         (if that fails, they lapse, and the next claim expires them)."""
@@ -133,7 +141,8 @@ class Backend:
         asks_first = probe_when_idle and not checked.settlements and self._idle.get(floor)
         if asks_first and not self._worth_claiming(floor, deadline):
             return Round()
-        result = self.run(self.core.round(checked), deadline)
+        plan = self.core.round(checked)
+        result = self.run(guard(plan) if guard is not None else plan, deadline)
         leases, expired = list(result.leases), result.expired
         while expired:
             spec = RoundSpec(

@@ -8,19 +8,21 @@ shard, the probes of a shard that stopped answering, and changes of the shard li
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
 from .._protocol.core import Plan, QueueCore
-from .._protocol.params import CheckedRound
+from .._protocol.params import CheckedRound, Settlement
 from .._protocol.sharding import (
     ShardHealth,
     ShardList,
     finished_on,
     merge_rounds,
     rotation,
+    route_follow_ups,
     shares,
     split_by_shard,
     split_round,
@@ -39,6 +41,7 @@ from ..errors import (
 from ..types import NodeView, Round
 from .cluster import Backend, Merge
 from .moves import Moves
+from .outbox import Outbox
 
 T = TypeVar("T")
 
@@ -75,6 +78,7 @@ class ShardRouter:
         self._fan = FanOut(len(self.backends))
         self._turn = 0
         self._next_release_sweep = 0.0
+        self.outbox = Outbox(self)
         self.moves = Moves(self)
 
     @property
@@ -260,10 +264,12 @@ class ShardRouter:
             settle = settling and name in parts
             if settle:
                 self.check_up(name, leases=True)
-            mine = checked.part(parts[name] if settle else (), want.get(name, 0))
-            return backend.round(mine, self._claim_by(deadline), probe_when_idle=not settle)
+            mine = parts[name] if settle else []
+            n, by = want.get(name, 0), self._claim_by(deadline)
+            return self._part(name, backend, checked, mine, n, by, probe=not settle)
 
         results = self.on_many(first, functools.partial(part, want, True), claims=True)
+        forwarded = self.outbox.forward_soon(deadline)
         rounds = {n: r for n, r in results.items() if not isinstance(r, BaseException)}
         unsettled = [s for n in results if n not in rounds for s in parts.get(n, ())]
         exhausted = {
@@ -291,7 +297,7 @@ class ShardRouter:
             with contextlib.suppress(*NOT_ANSWERED):
                 finished = finished_on(checked, self.shard_list.shard_of_lease, rounds)
                 self.moves.release_moved(finished, deadline)
-        done = merge_rounds(checked, rounds, unsettled)
+        done = dataclasses.replace(merge_rounds(checked, rounds, unsettled), forwarded=forwarded)
         if unsettled:
             down = sorted({self.shard_list.shard_of_lease(s.lease) for s in unsettled})
             raise PartialRound(
@@ -309,8 +315,7 @@ class ShardRouter:
             self.check_up(name, leases=True)
 
         def part(name: str, backend: Backend) -> Round:
-            mine = checked.part(parts[name], 0)
-            return backend.round(mine, deadline, probe_when_idle=False)
+            return self._part(name, backend, checked, parts[name], 0, deadline, False)
 
         if len(parts) == 1:  # its error as it is
             [name] = parts
@@ -322,7 +327,39 @@ class ShardRouter:
                 raise Unavailable(f"{what}: shard(s) {', '.join(failed)} did not answer")
         finished = finished_on(checked, self.shard_list.shard_of_lease, rounds)
         self.moves.release_moved(finished, deadline)
-        return merge_rounds(checked, rounds, ())
+        forwarded = self.outbox.forward_soon(deadline)
+        return dataclasses.replace(merge_rounds(checked, rounds, ()), forwarded=forwarded)
+
+    def _part(
+        self,
+        name: str,
+        backend: Backend,
+        checked: CheckedRound,
+        settlements: Sequence[Settlement],
+        n: int,
+        deadline: float,
+        probe: bool,
+    ) -> Round:
+        """One shard's part of a round: its settlements' follow-ups published with them when
+        their group lives here (behind the shard list's epoch, as publishes are), else written
+        to its outbox."""
+        routed = route_follow_ups(settlements, name, self.shard_list)
+        guard = None
+        if any(s.follow_ups for s in routed):
+            epoch = self.shard_list.epoch
+
+            def guard(plan: Plan[Round]) -> Plan[Round]:
+                return self.core.guarded(plan, epoch)
+
+        try:
+            result = backend.round(
+                checked.part(routed, n), deadline, probe_when_idle=probe, guard=guard
+            )
+        except BackendError as exc:
+            raise self.moves.stale(name, exc) from exc
+        if any(s.outboxed for s in routed):
+            self.outbox.written.add(name)
+        return result
 
     def schedule(self, plan: Plan[T], name: str, group_id: str, deadline: float) -> T:
         """Stored on the group's shard (its ticks are publishes to that group); a schedule of
@@ -344,6 +381,8 @@ class ShardRouter:
             self._next_release_sweep = time.monotonic() + RELEASE_SWEEP
             self.moves.release_moved_groups(deadline)
         results = self.answering(functools.partial(self._fire_on, deadline), True)
+        with contextlib.suppress(*NOT_ANSWERED):  # what a crashed forwarder left behind
+            self.outbox.forward(deadline)
         return sum(results.values())
 
     def _fire_on(self, deadline: float, name: str, backend: Backend) -> int:

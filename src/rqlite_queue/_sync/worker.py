@@ -14,7 +14,7 @@ import random
 import socket
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,19 +87,22 @@ class _Pending:
     ack: list[Lease] = field(default_factory=list)
     nack: list[tuple[Lease, float]] = field(default_factory=list)
     dead: list[tuple[Lease, str]] = field(default_factory=list)
+    publish: list[tuple[Lease, list[Any]]] = field(default_factory=list)
+    """The follow-ups the handlers returned, with their acks."""
 
     def __bool__(self) -> bool:
         return bool(self.ack or self.nack or self.dead)
 
     def take(self) -> _Pending:
-        taken = _Pending(self.ack, self.nack, self.dead)
-        self.ack, self.nack, self.dead = [], [], []
+        taken = _Pending(self.ack, self.nack, self.dead, self.publish)
+        self.ack, self.nack, self.dead, self.publish = [], [], [], []
         return taken
 
     def put_back(self, other: _Pending) -> None:
         self.ack += other.ack
         self.nack += other.nack
         self.dead += other.dead
+        self.publish += other.publish
 
     def leases(self) -> list[Lease]:
         return [*self.ack, *(lease for lease, _ in self.nack), *(lease for lease, _ in self.dead)]
@@ -182,7 +185,7 @@ class Worker:
         self.heartbeat_interval = heartbeat_interval or max(0.05, visibility / 6)
         self.stats = WorkerStats()
         self._running: dict[tuple[str, int], Lease] = {}
-        self._finished: collections.deque[tuple[tuple[str, int], BaseException | None]] = (
+        self._finished: collections.deque[tuple[tuple[str, int], BaseException | None, Any]] = (
             collections.deque()
         )
         self._pending = _Pending()
@@ -306,6 +309,7 @@ class Worker:
                     dead=pending.dead,
                     hold_dead=self.hold_group_on_dead_letter,
                     min_priority=floor,
+                    publish=pending.publish,
                 )
             except PartialRound as partial:  # a shard did not answer: the rest was applied
                 result = partial.round
@@ -328,7 +332,7 @@ class Worker:
                 self.stats.record_claim(time.monotonic() - started)
             self._settled(pending, result, extend)
             floor_again = floor > 0 and len(result.leases) < free
-            idle = free > 0 and not result.leases and not floor_again
+            idle = free > 0 and not result.leases and not floor_again and not result.forwarded
             settling = self._pending or self._retry
             if until_empty and idle and not self._running and not settling:
                 return
@@ -417,9 +421,9 @@ class Worker:
 
     # ---------------------------------------------------------------------------- handlers
 
-    def _on_done(self, key: tuple[str, int], exc: BaseException | None) -> None:
+    def _on_done(self, key: tuple[str, int], exc: BaseException | None, result: Any) -> None:
         # On a handler's thread (Worker) or the event loop (AsyncWorker).
-        self._finished.append((key, exc))
+        self._finished.append((key, exc, result))
         if self._runtime is not None:
             self._runtime.wake()
 
@@ -430,13 +434,25 @@ class Worker:
             kept = self._kept.popleft()
             self._took_in_extensions(kept.extended, kept.lost)
         while self._finished:
-            key, exc = self._finished.popleft()
+            key, exc, result = self._finished.popleft()
             lease = self._running.pop(key, None)
             if lease is None:
                 continue  # given back at shutdown while its handler ran
+            follow_ups: list[Any] = []
+            if exc is None and result is not None:
+                try:  # checked here, so that a bad one fails its own message only
+                    given: Any = result
+                    if not isinstance(result, str | bytes | Mapping):
+                        given = list(result)
+                    self.transport.check_publish_many(given)  # refuses a str, a mapping...
+                    follow_ups = list(given)
+                except Exception as bad:
+                    exc = InvalidArgument(f"the handler returned bad follow-ups: {bad}")
             verdict = self.policy.verdict(lease, exc, self._rng)
             if verdict.kind == "ack":
                 self._pending.ack.append(lease)
+                if follow_ups:
+                    self._pending.publish.append((lease, follow_ups))
             elif verdict.kind == "nack":
                 self._pending.nack.append((lease, verdict.delay))
                 _log_failure(lease, exc, verdict, self.worker_id)
@@ -539,6 +555,8 @@ def _split_pending(pending: _Pending, again: set[int]) -> tuple[_Pending, _Pendi
         (retry if id(nack[0]) in again else done).nack.append(nack)
     for dead in pending.dead:
         (retry if id(dead[0]) in again else done).dead.append(dead)
+    for publish in pending.publish:
+        (retry if id(publish[0]) in again else done).publish.append(publish)
     return done, retry
 
 
