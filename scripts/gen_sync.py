@@ -29,6 +29,7 @@ REPLACEMENTS = {
     "AsyncShardRouter": "ShardRouter",
     "AsyncMoves": "Moves",
     "AsyncOutbox": "Outbox",
+    "AsyncTransaction": "Transaction",
     "AsyncRouter": "Router",
     "AsyncRuntime": "SyncRuntime",
     "AsyncWorker": "Worker",

@@ -45,6 +45,7 @@ from ..types import (
 )
 from .cluster import AsyncBackend, AsyncClusterRouter
 from .shards import DEFAULT_CLAIM_DEADLINE, AsyncShardRouter
+from .transaction import AsyncTransaction
 
 T = TypeVar("T")
 AsyncRouter = AsyncClusterRouter | AsyncShardRouter
@@ -152,6 +153,7 @@ class AsyncTransport:
         delay: float | None = None,
         not_before: float | None = None,
         ttl: float | None = None,
+        connection: object = None,
     ) -> int:
         """Append `event` to `group_id`'s FIFO; returns its seq. `priority` (0-4) is fixed by
         the publish that creates the group. With `dedup_id` (or the transport's `dedup_key`),
@@ -160,7 +162,11 @@ class AsyncTransport:
         `delay` (seconds) or `not_before` (epoch seconds): not delivered before then; FIFO is
         kept, so the messages published after it in its group wait too. `ttl` (seconds): if it
         is not delivered within them, it is moved to the dead letters (reason `expired`)
-        instead, and its group moves on."""
+        instead, and its group moves on.
+
+        `connection` (the embedded queue): a `sqlite3.Connection` of the caller's to the
+        queue's file, with a transaction open; the publish runs in that transaction, and
+        commits or rolls back with the caller's own writes."""
         message = Message(
             group_id=group_id,
             event=event,
@@ -170,11 +176,15 @@ class AsyncTransport:
             not_before=not_before,
             ttl=ttl,
         )
-        return (await self._publish([message]))[0]
+        return (await self._publish([message], connection))[0]
 
-    async def _publish(self, given: Sequence[Message]) -> list[int]:
+    async def _publish(self, given: Sequence[Message], connection: object = None) -> list[int]:
         messages = self._core.messages(given, scoped=self.router.scoped_dedup)
-        return await self.router.publish(messages, self._by())
+        if connection is None:
+            return await self.router.publish(messages, self._by())
+        if not isinstance(self.router, AsyncClusterRouter):
+            raise InvalidArgument("connection= is for the embedded SQLite queue, not shards")
+        return self.router.backend.run_in(connection, self._core.publish(messages))
 
     async def claim(self, worker_id: str, visibility: float, min_priority: int = 0) -> Lease | None:
         """Lease the head of the claimable group claimed least recently, for `visibility`
@@ -210,18 +220,28 @@ class AsyncTransport:
 
     # ------------------------------------------------------------------------ beyond the seed
 
-    async def publish_many(self, items: Iterable[PublishItem]) -> list[int]:
+    async def publish_many(
+        self, items: Iterable[PublishItem], *, connection: object = None
+    ) -> list[int]:
         """Publish many messages in one round trip, atomically, in order. Items are
         `(group_id, event)`, `(group_id, event, priority)` or mappings with those keys and
         optionally `dedup_id`, `delay`, `not_before`, `ttl` (as `publish` takes them). On a
         sharded queue: atomic on each shard, not across shards (a shard that fails leaves the
-        others' messages published; the error names it)."""
-        return await self._publish(Message.parse_many(items))
+        others' messages published; the error names it). `connection`: as `publish` takes
+        it."""
+        return await self._publish(Message.parse_many(items), connection)
 
     def check_publish_many(self, items: Iterable[PublishItem]) -> None:
         """Check `items` as `publish_many` does (shapes, values, the codec, the size limit),
         sending nothing: `InvalidArgument`, whose `index` is the first bad item's."""
         self._core.messages(Message.parse_many(items), scoped=self.router.scoped_dedup)
+
+    def transaction(self) -> AsyncTransaction:
+        """`async with queue.transaction() as tx:` your statements (`tx.execute(sql,
+        params)`) and publishes (`tx.publish(...)`, `tx.publish_many(...)`), sent as one
+        transaction when the block ends: all of them or none (one request, one Raft entry on
+        rqlite). Your tables are in the queue's database. See `AsyncTransaction`."""
+        return AsyncTransaction(self._core, self.router, self.deadline)
 
     async def claim_many(
         self, worker_id: str, visibility: float, n: int, min_priority: int = 0

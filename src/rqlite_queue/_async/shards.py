@@ -26,7 +26,7 @@ from .._protocol.sharding import (
     split_by_shard,
     split_round,
 )
-from .._protocol.sql import NewMessage, ScheduleRow
+from .._protocol.sql import NewMessage, ScheduleRow, Statement
 from .._runtime import AsyncFanOut, Awaitable
 from ..errors import (
     BackendError,
@@ -363,6 +363,30 @@ class AsyncShardRouter:
         if any(s.outboxed for s in routed):
             self.outbox.written.add(name)
         return result
+
+    async def transaction(
+        self, statements: Sequence[Statement], messages: Sequence[NewMessage], deadline: float
+    ) -> list[int]:
+        """On the one shard of its publishes' groups (refused if they span shards, or if it
+        publishes nothing: its shard would be unknown), behind the epoch, as a publish."""
+        targets = {self.shard_list.shard_of(m.group_id) for m in messages}
+        if len(targets) != 1:
+            raise InvalidArgument(
+                "a transaction on a sharded queue publishes to groups of one shard (and at "
+                f"least one): these are on {sorted(targets) or 'none'}"
+            )
+        [name] = targets
+        self.check_up(name)
+        held = await self.moves.still_on_old_shards({m.group_id for m in messages}, deadline)
+        plan = self.core.guarded(
+            self.core.transaction(statements, messages), self.shard_list.epoch, sorted(held)
+        )
+        try:
+            return await self.on(name, plan, deadline)
+        except BackendError as exc:
+            if not self.core.is_done_transaction(exc):
+                raise self.moves.stale(name, exc) from exc
+        return await self.on(name, self.core.done_transaction(messages), deadline)
 
     async def schedule(self, plan: Plan[T], name: str, group_id: str, deadline: float) -> T:
         """Stored on the group's shard (its ticks are publishes to that group); a schedule of

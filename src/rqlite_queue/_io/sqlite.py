@@ -9,12 +9,13 @@ back before the error leaves, so no failure can leave the file locked for other 
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 import threading
 import time
 
 from .._protocol.sql import Batch, Result
-from ..errors import BackendError, TransportClosed, Unavailable
+from ..errors import BackendError, InvalidArgument, TransportClosed, Unavailable
 
 MIN_SQLITE = (3, 35, 0)
 """UPDATE ... FROM (3.33), the JSON functions, and a planner that uses the partial indexes."""
@@ -50,11 +51,7 @@ class SqliteExecutor:
             cursor = conn.cursor()
             try:
                 cursor.execute("BEGIN IMMEDIATE" if batch.write else "BEGIN")
-                results = []
-                for statement in batch.statements:
-                    cursor.execute(statement.sql, statement.params)
-                    rows = [list(row) for row in cursor.fetchall()]
-                    results.append(Result(rows, max(cursor.rowcount, 0), cursor.lastrowid or None))
+                results = _run(cursor, batch)
                 cursor.execute("COMMIT")
                 return results
             except BaseException as exc:
@@ -68,11 +65,64 @@ class SqliteExecutor:
             finally:
                 cursor.close()
 
+    def run_in(self, connection: object, batch: Batch) -> list[Result]:
+        """Run `batch` on the caller's own connection to this file, inside the transaction
+        it has open (a savepoint: a failure takes back only the batch, and the caller's
+        transaction goes on). Refused for a connection to another file, or one with no open
+        transaction (the batch would commit on its own)."""
+        if not isinstance(connection, sqlite3.Connection):
+            raise InvalidArgument(f"connection must be a sqlite3.Connection, got {connection!r}")
+        if not connection.in_transaction:
+            raise InvalidArgument(
+                "the connection has no open transaction: begin one (BEGIN, or a write with "
+                "Python's default isolation level), so that the publish commits with it"
+            )
+        files = {row[1]: row[2] for row in connection.execute("PRAGMA database_list")}
+        if _same_file(files.get("main", ""), self.path) is False:
+            raise InvalidArgument(
+                f"the connection is to {files.get('main') or 'an in-memory database'}, not to "
+                f"the queue's file {self.path}"
+            )
+        cursor = connection.cursor()
+        try:
+            cursor.execute("SAVEPOINT rqlite_queue")
+            try:
+                results = _run(cursor, batch)
+            except BaseException:
+                cursor.execute("ROLLBACK TO rqlite_queue")
+                raise
+            finally:
+                cursor.execute("RELEASE rqlite_queue")
+        except sqlite3.Error as exc:
+            raise BackendError(f"sqlite: {exc!r}") from exc
+        finally:
+            cursor.close()
+        return results
+
     def close(self) -> None:
         with self._lock:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+
+
+def _run(cursor: sqlite3.Cursor, batch: Batch) -> list[Result]:
+    results = []
+    for statement in batch.statements:
+        cursor.execute(statement.sql, statement.params)
+        rows = [list(row) for row in cursor.fetchall()]
+        results.append(Result(rows, max(cursor.rowcount, 0), cursor.lastrowid or None))
+    return results
+
+
+def _same_file(main: str, path: str) -> bool:
+    """Whether a connection's main database file (`PRAGMA database_list`) is `path`."""
+    if not main or path == ":memory:":
+        return False
+    try:
+        return os.path.samefile(main, path)
+    except OSError:
+        return False
 
 
 def _busy(exc: sqlite3.OperationalError) -> bool:
@@ -89,6 +139,10 @@ class AsyncSqliteExecutor:
 
     async def execute(self, batch: Batch, deadline: float, **hints: object) -> list[Result]:
         return await asyncio.to_thread(self._sync.execute, batch, deadline)
+
+    def run_in(self, connection: object, batch: Batch) -> list[Result]:
+        """As `SqliteExecutor.run_in`: on the caller's thread, the connection being its own."""
+        return self._sync.run_in(connection, batch)
 
     async def close(self) -> None:
         await asyncio.to_thread(self._sync.close)

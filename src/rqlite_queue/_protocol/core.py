@@ -9,6 +9,7 @@ draws a random number or touches a socket, so every plan can be tested on canned
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -164,6 +165,11 @@ class QueueCore:
         """Create the version record if missing and read it (0: a new database)."""
         self._now()
         return Plan(sql.bootstrap(self.names), sql.read_version, sql.read_version)
+
+    def schema_version(self) -> Plan[int]:
+        """The stored schema version, read only."""
+        self._now()
+        return Plan(sql.schema_version(self.names), sql.read_version)
 
     def upgrade(self, version: int) -> Plan[int] | None:
         """The plan that brings a database at `version` to this code's (None: it is)."""
@@ -609,6 +615,41 @@ class QueueCore:
             if plan.replay_batch is None
             else sql.guarded(plan.replay_batch, guards),
         )
+
+    def transaction(
+        self, statements: Sequence[sql.Statement], messages: Sequence[sql.NewMessage]
+    ) -> Plan[list[int]]:
+        """The caller's statements and these publishes, in one transaction; the plan reads the
+        publishes' seqs. Sent again after a lost reply only if every publish has a dedup id:
+        the transaction then carries an id of its own (made from theirs), which fails a second
+        application whole (`is_done_transaction`; `done_transaction` reads its seqs)."""
+        plan = self.publish(messages)
+        ids = sorted(m.dedup_id for m in messages if m.dedup_id is not None)
+        first: list[sql.Statement] = []
+        if messages and len(ids) == len(messages):
+            digest = hashlib.blake2b("\0".join(ids).encode(), digest_size=16).hexdigest()
+            first = [
+                sql.transaction_id(
+                    self.names, f"tx:{digest}", until=self._now() + self.dedup_window
+                )
+            ]
+        batch = sql.guarded(plan.batch, [*first, *statements])
+        return Plan(batch, plan.read, plan.read if first else None)
+
+    def is_done_transaction(self, error: QueueError) -> bool:
+        """Whether a transaction failed because it applied already (its id is remembered)."""
+        return sql.TRANSACTION_DONE_ERROR.format(dedup=self.names.dedup) in str(error)
+
+    def done_transaction(self, messages: Sequence[sql.NewMessage]) -> Plan[list[int]]:
+        """The seqs of a transaction that applied already, from its publishes' dedup ids."""
+        self._now()
+
+        def read(reply: sql.Reply) -> list[int]:
+            known = {str(r[0]): int(r[1]) for r in reply["dedup"].rows}
+            return [known[m.dedup_id] for m in messages if m.dedup_id is not None]
+
+        ids = [m.dedup_id for m in messages if m.dedup_id is not None]
+        return Plan(sql.dedup_seqs(self.names, ids), read)
 
     def is_stale_epoch(self, error: QueueError) -> bool:
         """Whether a guarded batch failed because its shard has a newer shard list."""

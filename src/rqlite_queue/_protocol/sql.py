@@ -237,6 +237,13 @@ def bootstrap(n: Names) -> Batch:
     return b.build()
 
 
+def schema_version(n: Names) -> Batch:
+    """The stored schema version, read only (in a transaction of the caller's own)."""
+    b = _Builder(write=False)
+    b.add(f"SELECT value FROM {n.meta} WHERE \"key\" = 'schema_version'", slot="version")
+    return b.build()
+
+
 def read_version(reply: Reply) -> int:
     rows = reply["version"].rows
     if not rows:
@@ -1416,6 +1423,30 @@ def guarded(batch: Batch, guards: Sequence[Statement]) -> Batch:
         {slot: index + shift for slot, index in batch.slots.items()},
         batch.returning,
     )
+
+
+TRANSACTION_DONE_ERROR = "UNIQUE constraint failed: {dedup}.dedup_id"
+"""How a transaction's batch fails when its id is remembered: it applied already."""
+
+
+def transaction_id(n: Names, txn_id: str, *, until: float) -> Statement:
+    """The first statement of a transaction sent again after a lost reply: it fails the whole
+    transaction (a duplicate key) if an earlier send applied it; remembered like a dedup id."""
+    return Statement(
+        f"INSERT INTO {n.dedup} (dedup_id, seq, expires_at) VALUES (:id, 0, :until)",
+        {"id": txn_id, "until": until},
+    )
+
+
+def dedup_seqs(n: Names, ids: Sequence[str]) -> Batch:
+    """The seqs the dedup ids published."""
+    b = _Builder(write=False)
+    b.add(
+        f"SELECT d.dedup_id, d.seq FROM json_each(:ids) j JOIN {n.dedup} d ON d.dedup_id = j.value",
+        {"ids": _json(list(ids))},
+        slot="dedup",
+    )
+    return b.build()
 
 
 def shard_epoch(n: Names) -> Batch:

@@ -18,9 +18,9 @@ from .._protocol.core import Plan, QueueCore
 from .._protocol.http import STATUS_TIMEOUT, applied_index, parse_nodes
 from .._protocol.params import CheckedRound, RoundSpec
 from .._protocol.retry import FAILOVER, MIN_ATTEMPT, Retry
-from .._protocol.sql import Batch, NewMessage, Reply, Result
+from .._protocol.sql import Batch, NewMessage, Reply, Result, Statement
 from .._runtime import FanOut
-from ..errors import BackendError, InvalidArgument, OutcomeUnknown, Unavailable
+from ..errors import BackendError, InvalidArgument, OutcomeUnknown, SchemaError, Unavailable
 from ..types import NodeView, Round
 
 T = TypeVar("T")
@@ -168,6 +168,27 @@ class Backend:
             probe.next_due is not None and probe.next_due <= self.core.clock()
         )
 
+    def run_in(self, connection: object, plan: Plan[T]) -> T:
+        """Run `plan` on the caller's own connection to the embedded file, in its open
+        transaction (`publish(..., connection=)`); the tables must be this code's version."""
+        run_in = getattr(self.executor, "run_in", None)
+        if run_in is None:
+            raise InvalidArgument(
+                "connection= is for the embedded SQLite queue; on rqlite, publish in "
+                "queue.transaction() with your statements"
+            )
+        if not self.schema_checked:
+            check = self.core.schema_version()
+            version = check.read(Reply(check.batch, run_in(connection, check.batch)))
+            if self.core.upgrade(version) is not None:
+                raise SchemaError(
+                    f"queue {self.core.names.queue!r}: its tables are not set up (version "
+                    f"{version}): call setup() before publishing in your own transaction"
+                )
+            self.schema_checked = True
+        results: list[Result] = run_in(connection, plan.batch)
+        return plan.read(Reply(plan.batch, results))
+
     def nodes(self) -> list[NodeView]:
         """The rqlite nodes of this cluster (none for the embedded file): which answer, which
         one leads, how far each has applied the Raft log (`/nodes` asked of the first node
@@ -269,6 +290,17 @@ class ClusterRouter:
         if shard is not None:
             raise InvalidArgument(f"{what}: shard= is for a sharded queue; this one has one")
         return self.backend.run(plan, deadline)
+
+    def transaction(
+        self, statements: Sequence[Statement], messages: Sequence[NewMessage], deadline: float
+    ) -> list[int]:
+        core = self.backend.core
+        try:
+            return self.backend.run(core.transaction(statements, messages), deadline)
+        except BackendError as exc:
+            if not core.is_done_transaction(exc):
+                raise
+            return self.backend.run(core.done_transaction(messages), deadline)
 
     def nodes(self) -> list[NodeView]:
         return self.backend.nodes()

@@ -45,6 +45,7 @@ from ..types import (
 )
 from .cluster import Backend, ClusterRouter
 from .shards import DEFAULT_CLAIM_DEADLINE, ShardRouter
+from .transaction import Transaction
 
 T = TypeVar("T")
 Router = ClusterRouter | ShardRouter
@@ -150,6 +151,7 @@ class Transport:
         delay: float | None = None,
         not_before: float | None = None,
         ttl: float | None = None,
+        connection: object = None,
     ) -> int:
         """Append `event` to `group_id`'s FIFO; returns its seq. `priority` (0-4) is fixed by
         the publish that creates the group. With `dedup_id` (or the transport's `dedup_key`),
@@ -158,7 +160,11 @@ class Transport:
         `delay` (seconds) or `not_before` (epoch seconds): not delivered before then; FIFO is
         kept, so the messages published after it in its group wait too. `ttl` (seconds): if it
         is not delivered within them, it is moved to the dead letters (reason `expired`)
-        instead, and its group moves on."""
+        instead, and its group moves on.
+
+        `connection` (the embedded queue): a `sqlite3.Connection` of the caller's to the
+        queue's file, with a transaction open; the publish runs in that transaction, and
+        commits or rolls back with the caller's own writes."""
         message = Message(
             group_id=group_id,
             event=event,
@@ -168,11 +174,15 @@ class Transport:
             not_before=not_before,
             ttl=ttl,
         )
-        return (self._publish([message]))[0]
+        return (self._publish([message], connection))[0]
 
-    def _publish(self, given: Sequence[Message]) -> list[int]:
+    def _publish(self, given: Sequence[Message], connection: object = None) -> list[int]:
         messages = self._core.messages(given, scoped=self.router.scoped_dedup)
-        return self.router.publish(messages, self._by())
+        if connection is None:
+            return self.router.publish(messages, self._by())
+        if not isinstance(self.router, ClusterRouter):
+            raise InvalidArgument("connection= is for the embedded SQLite queue, not shards")
+        return self.router.backend.run_in(connection, self._core.publish(messages))
 
     def claim(self, worker_id: str, visibility: float, min_priority: int = 0) -> Lease | None:
         """Lease the head of the claimable group claimed least recently, for `visibility`
@@ -208,18 +218,26 @@ class Transport:
 
     # ------------------------------------------------------------------------ beyond the seed
 
-    def publish_many(self, items: Iterable[PublishItem]) -> list[int]:
+    def publish_many(self, items: Iterable[PublishItem], *, connection: object = None) -> list[int]:
         """Publish many messages in one round trip, atomically, in order. Items are
         `(group_id, event)`, `(group_id, event, priority)` or mappings with those keys and
         optionally `dedup_id`, `delay`, `not_before`, `ttl` (as `publish` takes them). On a
         sharded queue: atomic on each shard, not across shards (a shard that fails leaves the
-        others' messages published; the error names it)."""
-        return self._publish(Message.parse_many(items))
+        others' messages published; the error names it). `connection`: as `publish` takes
+        it."""
+        return self._publish(Message.parse_many(items), connection)
 
     def check_publish_many(self, items: Iterable[PublishItem]) -> None:
         """Check `items` as `publish_many` does (shapes, values, the codec, the size limit),
         sending nothing: `InvalidArgument`, whose `index` is the first bad item's."""
         self._core.messages(Message.parse_many(items), scoped=self.router.scoped_dedup)
+
+    def transaction(self) -> Transaction:
+        """`async with queue.transaction() as tx:` your statements (`tx.execute(sql,
+        params)`) and publishes (`tx.publish(...)`, `tx.publish_many(...)`), sent as one
+        transaction when the block ends: all of them or none (one request, one Raft entry on
+        rqlite). Your tables are in the queue's database. See `Transaction`."""
+        return Transaction(self._core, self.router, self.deadline)
 
     def claim_many(
         self, worker_id: str, visibility: float, n: int, min_priority: int = 0
