@@ -133,6 +133,11 @@ class AsyncWorker:
     - Schedules: between claims it publishes the ticks of the queue's schedules that are due
       (each exactly once, whichever worker gets there first); `schedules=False` leaves that to
       others (`rqlite-queue scheduler`).
+    - Follow-ups (`follow_ups=True`): the handler returns the messages its work produced, as
+      `publish_many` takes them (or None); they are published with its ack, in the same
+      transaction, only if the ack applies: the message's effects inside the queue happen
+      exactly once. A handler that raises publishes nothing; a bad return value fails its
+      message as an exception would. (By default the return value is ignored.)
     - Errors no retry can mend (wrong credentials, a newer schema, a closed transport) stop the
       worker: `run` raises them."""
 
@@ -155,6 +160,7 @@ class AsyncWorker:
         heartbeat_interval: float | None = None,
         schedules: bool = True,
         batch_wait: float = 0.002,
+        follow_ups: bool = False,
     ) -> None:
         AsyncRuntime.check_handler(handler)
         check_int(concurrency, "concurrency", 1, 10_000)
@@ -167,6 +173,7 @@ class AsyncWorker:
             check_seconds(heartbeat_interval, "heartbeat_interval", allow_zero=False)
         check_bool(hold_group_on_dead_letter, "hold_group_on_dead_letter")
         check_bool(schedules, "schedules")
+        check_bool(follow_ups, "follow_ups")
         if not isinstance(non_retryable, Sequence) or not all(
             isinstance(t, type) and issubclass(t, BaseException) for t in non_retryable
         ):
@@ -207,6 +214,7 @@ class AsyncWorker:
         self._runtime: AsyncRuntime | None = None
         self.schedules = schedules
         self.batch_wait = float(batch_wait)
+        self.follow_ups = follow_ups
         self._next_tick = 0.0
         """When (the transport's clock) to look for due schedules next."""
 
@@ -438,7 +446,7 @@ class AsyncWorker:
             if lease is None:
                 continue  # given back at shutdown while its handler ran
             follow_ups: list[Any] = []
-            if exc is None and result is not None:
+            if self.follow_ups and exc is None and result is not None:
                 try:  # checked here, so that a bad one fails its own message only
                     given: Any = result
                     if not isinstance(result, str | bytes | Mapping):

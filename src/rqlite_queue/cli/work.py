@@ -124,6 +124,12 @@ class HandlerParam(click.ParamType):  # type: ignore[type-arg]
     "'rqlite-queue group release'.",
 )
 @click.option(
+    "--follow-ups",
+    is_flag=True,
+    help="The handler returns the messages its work produced (as publish_many takes them, or "
+    "None): published with its ack, in the same transaction, exactly once.",
+)
+@click.option(
     "--burst",
     is_flag=True,
     help="Stop (exit 0) once a claim finds nothing and every handler has finished.",
@@ -152,6 +158,7 @@ def worker(
     poll_interval: float,
     non_retryable: tuple[Any, ...],
     hold_on_dead_letter: bool,
+    follow_ups: bool,
     burst: bool,
     metrics_port: int | None,
     metrics_host: str,
@@ -185,6 +192,7 @@ def worker(
         "poll_interval": poll_interval,
         "non_retryable": non_retryable,
         "hold_group_on_dead_letter": hold_on_dead_letter,
+        "follow_ups": follow_ups,
     }
     _state.exit_hard = True
     run = {"until_empty": burst}
