@@ -10,99 +10,13 @@ between raises `LeaseLost`; each message settled once."""
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
 
-from rqlite_queue import LeaseLost, OutcomeUnknown, Transport
+from rqlite_queue import LeaseLost
 
-from .conftest import FakeClock, MakeQueue
-
-
-class LoseReplies:
-    """Wraps one cluster's executor; shared by the shards of a queue (`plan`)."""
-
-    def __init__(self, inner: Any, plan: list[tuple[str, Callable[[], Any] | None]]) -> None:
-        self.inner = inner
-        self.plan = plan
-        """What to do with the next writes: ("apply" | "drop", then run this before the
-        resend)."""
-        self.sent = 0
-        if inspect.iscoroutinefunction(inner.execute):
-            self.execute = self._execute_async  # type: ignore[method-assign]
-
-    def _next(self, batch: Any) -> tuple[str, Callable[[], Any] | None] | None:
-        if batch.write and self.plan:
-            return self.plan.pop(0)
-        return None
-
-    def execute(self, batch: Any, deadline: float, **hints: Any) -> Any:
-        self.sent += 1
-        step = self._next(batch)
-        if step is None:
-            return self.inner.execute(batch, deadline, **hints)
-        if step[0] == "apply":
-            self.inner.execute(batch, deadline, **hints)
-        if step[1] is not None:
-            step[1]()
-        raise OutcomeUnknown(f"reply lost (test: {step[0]})")
-
-    async def _execute_async(self, batch: Any, deadline: float, **hints: Any) -> Any:
-        self.sent += 1
-        step = self._next(batch)
-        if step is None:
-            return await self.inner.execute(batch, deadline, **hints)
-        if step[0] == "apply":
-            await self.inner.execute(batch, deadline, **hints)
-        if step[1] is not None:
-            step[1]()
-        raise OutcomeUnknown(f"reply lost (test: {step[0]})")
-
-    def close(self) -> Any:
-        return self.inner.close()  # the inner one's: a coroutine for an async executor
-
-
-def lose(q: Any, *steps: tuple[str, Callable[[], Any] | None]) -> list[Any]:
-    """Make the next writes of `q` (on whichever cluster) lose their replies as `steps` say."""
-    transport = getattr(q, "sync", q)
-    router = transport.router
-    backends = router.backends.values() if hasattr(router, "backends") else [router.backend]
-    plan = list(steps)
-    for backend in backends:
-        if not isinstance(backend.executor, LoseReplies):
-            backend.executor = LoseReplies(backend.executor, plan)
-        else:
-            backend.executor.plan = plan
-    return plan
-
-
-def taken_over(make_other: Callable[[], Any], clock: FakeClock, group: str) -> Callable[[], Any]:
-    """Before the resend: the lease lapses, and another worker takes its group over."""
-
-    def act() -> None:
-        clock.advance(31)
-        other = make_other()
-        lease = other.claim("other", 30)
-        assert lease is not None and lease.group_id == group
-
-    return act
-
-
-@pytest.fixture
-async def q_and_other(
-    make_queue: MakeQueue, url: str, clock: FakeClock
-) -> AsyncIterator[tuple[Any, Transport]]:
-    """The transport under test, and a sync transport of the same queue for another worker
-    (sync, so that it can act from inside a lost reply, on the event loop's thread too)."""
-    q = await make_queue()
-    options: dict[str, Any] = {"queue": getattr(q, "sync", q).queue, "clock": clock}
-    if not url.startswith("sqlite"):
-        options["max_skew"] = None  # the fake clock is years from rqlite's
-    other = Transport.from_url(url, **options)
-    yield q, other
-    other.close()
+from .conftest import FakeClock, lose, taken_over
 
 
 async def test_an_ack_whose_reply_was_lost_after_it_applied_returns(q: Any) -> None:
