@@ -68,6 +68,8 @@ advances = st.sampled_from([0.5, 2.5, 3.0, 5.0, 10.0, 30.0, 60.0])
 # Publishes: mostly at once, now and then delayed or with a ttl.
 delays_ = st.sampled_from([None, None, None, None, 2.5, 10.0])
 ttls = st.sampled_from([None, None, None, None, 3.0, 30.0])
+follow_ups = st.lists(st.tuples(groups, priorities, dedup_ids, delays_), max_size=2)
+"""A settlement's follow-ups: (group, priority, dedup id, delay)."""
 
 
 # --------------------------------------------------------------------------------- model
@@ -495,11 +497,49 @@ class QueueMachine(RuleBasedStateMachine):
                 lost.append(lease)
         return lost
 
-    @rule(lease=leases)
-    def ack(self, lease: Lease) -> None:
-        applies = self.model.holds(lease) or self.model.settled_before(lease, "ack")
-        self.expect(applies, lambda: self.q.ack(lease))
+    def _follow_ups(self, given: list[tuple[str, int, str | None, float | None]]) -> list[Any]:
+        """Follow-up items (with fresh events) for a settlement."""
+        items: list[Any] = []
+        for group_id, priority, dedup_id, delay in given:
+            item = {"group_id": group_id, "event": next(self.events), "priority": priority}
+            if dedup_id is not None:
+                item["dedup_id"] = dedup_id
+            if delay is not None:
+                item["delay"] = delay
+            items.append(item)
+        if len({i.get("dedup_id") for i in items if "dedup_id" in i}) < sum(
+            "dedup_id" in i for i in items
+        ):
+            note_event("a dedup id repeated among one settlement's follow-ups")
+        return items
+
+    def publish_follow_ups(self, lease: Lease, items: list[Any], *, before: bool) -> None:
+        """The model publishes a settlement's follow-ups: in its transaction, before it
+        changes the lease's group (`before`); a sharded queue forwards those of other shards
+        after the round (`before=False`)."""
+        if before:
+            for item in items:
+                self.model.publish(
+                    item["group_id"],
+                    item["event"],
+                    item["priority"],
+                    item.get("dedup_id"),
+                    item.get("delay"),
+                )
+        if items:
+            note_event("a settlement publishes follow-ups")
+
+    @rule(lease=leases, follow=follow_ups)
+    def ack(self, lease: Lease, follow: list[tuple[str, int, str | None, float | None]]) -> None:
+        items = self._follow_ups(follow)
+        holds = self.model.holds(lease)
+        applies = holds or self.model.settled_before(lease, "ack")
+        self.expect(applies, lambda: self.q.ack(lease, publish=items))
+        if holds:
+            self.publish_follow_ups(lease, items, before=True)
         self.model.ack(lease)
+        if holds:
+            self.publish_follow_ups(lease, items, before=False)
 
     @rule(leases=st.lists(leases, min_size=1, max_size=3))
     def ack_many(self, leases: list[Lease]) -> None:
@@ -524,13 +564,22 @@ class QueueMachine(RuleBasedStateMachine):
             assert extended.expires_at == self.clock.now + visibility
             assert (extended.seq, extended.token) == (lease.seq, lease.token)
 
-    @rule(lease=leases, hold=st.booleans())
-    def dead_letter(self, lease: Lease, hold: bool) -> None:
-        applies = self.model.holds(lease) or self.model.settled_before(lease, "dead")
-        self.expect(applies, lambda: self.q.dead_letter(lease, "poison", hold=hold))
-        if hold and self.model.holds(lease):
+    @rule(lease=leases, hold=st.booleans(), follow=follow_ups)
+    def dead_letter(
+        self, lease: Lease, hold: bool, follow: list[tuple[str, int, str | None, float | None]]
+    ) -> None:
+        items = self._follow_ups(follow)
+        holds = self.model.holds(lease)
+        applies = holds or self.model.settled_before(lease, "dead")
+        self.expect(applies, lambda: self.q.dead_letter(lease, "poison", hold=hold, publish=items))
+        if hold and holds:
             note_event("a dead letter holds its group")
-        if self.model.dead_letter(lease, hold):
+        if holds:
+            self.publish_follow_ups(lease, items, before=True)
+        applied = self.model.dead_letter(lease, hold)
+        if holds:
+            self.publish_follow_ups(lease, items, before=False)
+        if applied:
             dead = self.q.dead_letters(1000)
             got = [(d.seq, d.group_id, d.event, d.priority, d.attempts) for d in dead]
             assert self.in_listing_order(got) == sorted(self.model.dead)  # listed in seq order
@@ -542,6 +591,7 @@ class QueueMachine(RuleBasedStateMachine):
         n=st.integers(0, 3),
         min_priority=floors,
         visibility=visibilities,
+        follow=st.lists(st.tuples(groups, priorities), max_size=2),
     )
     def settle_and_claim(
         self,
@@ -550,12 +600,20 @@ class QueueMachine(RuleBasedStateMachine):
         n: int,
         min_priority: int,
         visibility: float,
+        follow: list[tuple[str, int]],
     ) -> MultipleResults[Lease]:
-        """Acks, then nacks, then a claim, in one transaction: each settlement that no longer
-        holds (or names a lease already settled in this round) is reported, not raised."""
+        """Acks (the first one with follow-ups), then nacks, then a claim, in one
+        transaction: each settlement that no longer holds (or names a lease already settled
+        in this round) is reported, not raised; only the follow-ups of the acks that applied
+        are published."""
+        items = self._follow_ups([(g, p, None, None) for g, p in follow])
+        publish = [(acks[0], items)] if acks and items else []
+        holds = bool(publish) and self.model.holds(acks[0])
         result = self.q.settle_and_claim(
-            "w", visibility, n, ack=acks, nack=nacks, min_priority=min_priority
+            "w", visibility, n, ack=acks, nack=nacks, min_priority=min_priority, publish=publish
         )
+        if holds:
+            self.publish_follow_ups(acks[0], items, before=True)
         lost = self._settle_in_one_round(
             [(lease, "ack", 0.0) for lease in acks]
             + [(lease, "nack", delay) for lease, delay in nacks]
@@ -564,6 +622,8 @@ class QueueMachine(RuleBasedStateMachine):
             note_event("a round reports lost settlements")
         assert result.lost == lost
         predicted = self.predict_claim(n, min_priority, visibility)
+        if holds:
+            self.publish_follow_ups(acks[0], items, before=False)
         if not n:
             assert result.leases == [] == predicted
             return multiple()

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import event as note_event
 
 from rqlite_queue import Lease, ShardedTransport
 from rqlite_queue._protocol.sharding import home
@@ -173,6 +174,24 @@ class ShardedMachine(QueueMachine):
             return call(checked, *args, **kwargs)
 
         return recorded
+
+    def publish_follow_ups(self, lease: Lease, items: list[Any], *, before: bool) -> None:
+        """Those of the lease's shard in its transaction (`before`); those of groups of the
+        other shard go through its outbox and are forwarded at the end of the call."""
+        model: ShardedModel = self.model  # type: ignore[assignment]
+        here = self.q.shard_list.shard_of_lease(lease)
+        for item in items:
+            if (self.q.shard_of(item["group_id"]) == here) != before:
+                continue
+            if not before:
+                note_event("a follow-up goes through the outbox to the other shard")
+            model.publish(
+                item["group_id"],
+                item["event"],
+                item["priority"],
+                item.get("dedup_id"),
+                item.get("delay"),
+            )
 
     def predict_claim(self, n: int, min_priority: int, visibility: float) -> list[Predicted]:
         calls, self.calls = self.calls, []
