@@ -15,6 +15,7 @@ import pytest
 
 from rqlite_queue.testing import Cluster, Node
 
+from .chains import PUBLISH_THEN_ACK, ChainConfig, run_chains
 from .checker import Op, Report, check
 from .engine import Config, run
 from .failover import FREEZE, PARTITION, FailoverConfig, FailoverReport, run_failover
@@ -448,3 +449,99 @@ def _kept_failover_section() -> str:
         + FAILOVER_END
         + "\n"
     )
+
+
+# ------------------------------------------------------- exactly-once effects: chains of hops
+
+
+def test_chains_of_follow_ups_have_exactly_one_message_per_hop(
+    rqlited_path: str, tmp_path: Path
+) -> None:
+    """Each hop's handler returns the next hop (follow-ups): under leader kills, freezes and
+    cuts, and worker processes killed, with leases shorter than the faults, every hop of every
+    chain is one message: none lost, none doubled."""
+    config = ChainConfig(
+        seed=int(os.environ.get("CHAOS_SEED", "5")),
+        chains=10,
+        hops=25,
+        after_publish=0.25,
+        faults=4,
+    )
+    report = run_chains(config, rqlited_path, tmp_path)
+    print(report.summary())
+    assert report.exactly_once, report.summary()
+    assert report.redelivered > 0, "no message came back: the faults proved nothing"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shards", [1, 2])
+def test_long_chains_of_follow_ups(rqlited_path: str, tmp_path: Path, shards: int) -> None:
+    config = ChainConfig(
+        seed=int(os.environ.get("CHAOS_SEED", "21")),
+        chains=40,
+        hops=30,
+        after_publish=0.1,
+        faults=12,
+        shards=shards,
+    )
+    report = run_chains(config, rqlited_path, tmp_path)
+    print(report.summary())
+    _CHAIN_RUNS[f"follow-ups, {shards} cluster(s)"] = report.summary()
+    assert report.exactly_once, report.summary()
+
+
+@pytest.mark.slow
+def test_publish_then_ack_doubles_hops_under_the_same_faults(
+    rqlited_path: str, tmp_path: Path
+) -> None:
+    """The counter-example: the handler publishes the next hop, then returns (its ack). A
+    handler killed, or whose lease lapsed, between the two publishes again when the message
+    comes back."""
+    config = ChainConfig(
+        mode=PUBLISH_THEN_ACK,
+        seed=int(os.environ.get("CHAOS_SEED", "21")),
+        chains=40,
+        hops=30,
+        after_publish=0.1,
+        faults=12,
+    )
+    report = run_chains(config, rqlited_path, tmp_path)
+    print(report.summary())
+    _CHAIN_RUNS["publish then ack, 1 cluster"] = report.summary()
+    _write_chain_section()
+    assert report.doubled, "the counter-example doubled nothing: the faults missed it"
+    assert not report.lost
+
+
+_CHAIN_RUNS: dict[str, str] = {}
+CHAINS_BEGIN, CHAINS_END = "<!-- chains: begin -->", "<!-- chains: end -->"
+
+
+def _write_chain_section() -> None:
+    """The chain runs' section of docs/reliability.md."""
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    runs = "\n\n".join(f"{name}:\n{summary}" for name, summary in _CHAIN_RUNS.items())
+    section = (
+        f"{CHAINS_BEGIN}\n## Exactly-once effects: chains of hops\n\n"
+        "Command: `make chaos` (`tests/chaos/test_chaos.py`, the chain tests; a short one runs "
+        f"in `make test`), at commit {commit}, {time.strftime('%Y-%m-%d', time.gmtime())}.\n\n"
+        "Chains of messages: each hop's handler produces the chain's next hop into a random "
+        "group (on either shard of the sharded run), in Worker processes, while leaders are "
+        "killed, frozen and cut off and worker processes are SIGKILLed; leases (1 s) are "
+        "shorter than the faults, so messages come back. With follow-ups (the handler returns "
+        "the next hop, published with its ack) every hop of every chain is one message. With "
+        "the handler publishing the next hop and then returning, the same faults double hops: "
+        "a handler killed, or whose lease lapsed, after its publish and before its ack "
+        "publishes again when its message comes back ([Exactly-once effects](effects.md)).\n\n"
+        "```\n" + runs + "\n```\n" + CHAINS_END + "\n"
+    )
+    page = ROOT / "docs" / "reliability.md"
+    text = page.read_text()
+    if CHAINS_BEGIN in text:
+        before, rest = text.split(CHAINS_BEGIN, 1)
+        text = before + section + rest.split(CHAINS_END, 1)[1].lstrip("\n")
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    page.write_text(text)
