@@ -41,7 +41,7 @@ pytestmark = pytest.mark.skipif(EXE is None, reason="rqlite-queue is not install
 
 
 @contextmanager
-def dashboard(url: str, queue: str, *options: str) -> Iterator[str]:
+def dashboard(url: str, queue: str, *options: str, timeout: float = 15.0) -> Iterator[str]:
     """`rqlite-queue dashboard` on a free port; yields its base URL; stops it with SIGTERM."""
     assert EXE is not None
     process = subprocess.Popen(
@@ -51,6 +51,8 @@ def dashboard(url: str, queue: str, *options: str) -> Iterator[str]:
             url,
             "--queue",
             queue,
+            "--timeout",
+            str(timeout),
             "dashboard",
             "--port",
             "0",
@@ -208,6 +210,31 @@ def test_basic_auth_and_bearer_token(rqlite_cluster3: Cluster, queue_name: str) 
         bearer = {"Authorization": "Bearer s3cret"}
         assert http.get("/groups", headers=bearer).status_code == 200
         assert http.get("/", headers={"Authorization": "Bearer nope"}).status_code == 401
+
+
+def test_a_sharded_queues_overview_shows_its_outbox(
+    rqlite_cluster_factory: Callable[..., Cluster], queue_name: str
+) -> None:
+    """The follow-ups waiting in the shards' outboxes (one for a shard that is down)."""
+    a, b = rqlite_cluster_factory(1), rqlite_cluster_factory(1)
+    url = f"a={a.url};b={b.url}"
+    with Transport.from_url(url, queue=queue_name, deadline=2.0) as sharded:
+        on_a = next(f"g{i}" for i in range(100) if sharded.shard_of(f"g{i}") == "a")
+        on_b = next(f"g{i}" for i in range(100) if sharded.shard_of(f"g{i}") == "b")
+        sharded.publish(on_a, 1)
+        lease = sharded.claim("w", visibility=60)
+        assert lease is not None
+        b.nodes[0].stop()
+        sharded.ack(lease, publish=[(on_b, "waits")])
+    with (
+        dashboard(url, queue_name, timeout=2.0) as base,
+        httpx.Client(base_url=base, timeout=30) as http,
+    ):
+        page = http.get("/")
+        assert page.status_code == 200
+        assert re.search(r'data-stat="outbox">1<', page.text), page.text
+    with dashboard(a.url, queue_name) as base, httpx.Client(base_url=base) as http:
+        assert 'data-stat="outbox"' not in http.get("/").text  # not a sharded queue
 
 
 def test_bad_query_arguments_give_an_error_page(

@@ -212,3 +212,71 @@ def test_a_sharded_queue_reports_each_shard(
         assert value(text, "rqlite_queue_shard_up", shard="b") == 0
         assert value(text, "rqlite_queue_shard_up", shard="a") == 1
         assert ("rqlite_queue_shard_depth", (("shard", "b"),)) not in samples(text)
+
+
+def test_follow_ups_are_counted(
+    url: str, queue_name: str, running: list[tuple[Worker, threading.Thread]]
+) -> None:
+    """`published_total` counts the follow-ups published with the worker's acks."""
+
+    def chain(lease: Lease) -> list[tuple[str, int | str]]:
+        if lease.event == "side":
+            return []
+        hop = int(lease.event)
+        return [(lease.group_id, hop + 1), (f"side-{hop}", "side")] if hop < 3 else []
+
+    with Transport.from_url(url, queue=queue_name) as queue:
+        queue.publish("a", 0)
+        worker = Worker(queue, chain, follow_ups=True, poll_interval=0.02)
+        registry = CollectorRegistry()
+        registry.register(WorkerCollector(worker, stats_interval=0))  # type: ignore[arg-type]
+        thread = threading.Thread(target=worker.run, kwargs={"handle_signals": False})
+        running.append((worker, thread))
+        thread.start()
+        wait_for(lambda: worker.stats.acked == 7)  # hops 0..3 and three side messages
+        text = generate_latest(registry).decode()
+        assert value(text, "rqlite_queue_worker_published_total") == 6
+        assert value(text, "rqlite_queue_worker_forwarded_total") == 0
+        assert value(text, "rqlite_queue_groups") == 0
+
+
+def test_a_sharded_queue_reports_its_outbox(
+    rqlite_cluster_factory: Callable[..., object], queue_name: str
+) -> None:
+    """A follow-up for a shard that is down waits in the settling shard's outbox (the
+    `outbox` gauge) until it is forwarded; a worker's forwards are `forwarded_total`."""
+    from rqlite_queue import ShardedTransport
+    from rqlite_queue.testing import Cluster
+
+    a: Cluster = rqlite_cluster_factory(1)  # type: ignore[assignment]
+    b: Cluster = rqlite_cluster_factory(1)  # type: ignore[assignment]
+    with ShardedTransport(f"a={a.url};b={b.url}", queue=queue_name, deadline=2.0) as q:
+        on_a = next(f"g{i}" for i in range(100) if q.shard_of(f"g{i}") == "a")
+        on_b = next(f"g{i}" for i in range(100) if q.shard_of(f"g{i}") == "b")
+        q.publish_many([(on_a, "first"), (on_a, "second")])
+        lease = q.claim("w", visibility=60)
+        assert lease is not None and lease.event == "first"
+
+        def forward_one(lease: Lease) -> list[tuple[str, str]]:
+            return [(on_b, "from the worker")] if lease.event == "second" else []
+
+        worker = Worker(q, forward_one, follow_ups=True)
+        registry = CollectorRegistry()
+        registry.register(WorkerCollector(worker, stats_interval=0))  # type: ignore[arg-type]
+        b.nodes[0].stop()
+        q.ack(lease, publish=[(on_b, "from the ack")])  # its forward fails: b is down
+        assert value(generate_latest(registry).decode(), "rqlite_queue_outbox") == 1
+        b.nodes[0].start()
+
+        def swept() -> bool:  # by the periodic sweep, once the client sees b answer again
+            q.fire_schedules()
+            return value(generate_latest(registry).decode(), "rqlite_queue_outbox") == 0
+
+        wait_for(swept)
+
+        worker.run(until_empty=True, handle_signals=False)
+        text = generate_latest(registry).decode()
+        assert value(text, "rqlite_queue_worker_forwarded_total") == 1
+        assert value(text, "rqlite_queue_worker_published_total") == 1
+        assert worker.stats.acked == 3  # "second", then both follow-ups on b
+        assert value(text, "rqlite_queue_outbox") == 0

@@ -507,3 +507,139 @@ def test_leases_are_kept_ahead_of_their_deadline_while_a_round_is_stuck(
     assert stuck.stuck_rounds >= 1 and time.monotonic() - started > 3
     assert [lease.group_id for lease in taken] == ["free"], taken  # never "slow" nor "fast"
     assert worker.stats.leases_lost == 0 and worker.stats.acked == 2
+
+
+# ------------------------------------------------------------------------------ follow-ups
+
+
+def test_a_handlers_return_value_is_ignored_without_follow_ups(url: str, queue: str) -> None:
+    q = Transport.from_url(url, queue=queue)
+    q.publish("a", 1)
+    worker = Worker(q, lambda lease: [("b", 2)])
+    worker.run(handle_signals=False, until_empty=True)
+    assert worker.stats.acked == 1 and worker.stats.published == 0
+    assert q.stats().depth == 0
+    q.close()
+
+
+def test_the_follow_ups_a_handler_returns_are_published_with_its_ack(url: str, queue: str) -> None:
+    """Each hop returns the next one (its own group, after it) and a side message (another
+    group, a priority): all published, in order, once each."""
+    q = Transport.from_url(url, queue=queue)
+    q.publish("chain", 0)
+    seen: list[tuple[str, Any]] = []
+
+    def hop(lease: Lease) -> list[Any] | None:
+        seen.append((lease.group_id, lease.event))
+        if lease.group_id != "chain" or lease.event == 4:
+            return None
+        n = lease.event
+        return [("chain", n + 1), {"group_id": f"side-{n}", "event": n, "priority": 2}]
+
+    worker = Worker(q, hop, follow_ups=True, concurrency=3)
+    worker.run(handle_signals=False, until_empty=True)
+    assert [e for g, e in seen if g == "chain"] == [0, 1, 2, 3, 4]
+    assert sorted(e for g, e in seen if g != "chain") == [0, 1, 2, 3]
+    assert len(seen) == 9 and worker.stats.published == 8
+    assert q.stats().depth == 0
+    q.close()
+
+
+def test_a_failed_attempt_publishes_nothing_and_the_next_ones_follow_ups_count(
+    url: str, queue: str
+) -> None:
+    q = Transport.from_url(url, queue=queue)
+    q.publish("a", "start")
+    attempts: list[int] = []
+
+    def flaky(lease: Lease) -> list[Any] | None:
+        if lease.event != "start":
+            return None
+        attempts.append(lease.attempts)
+        if lease.attempts < 3:
+            raise ValueError("not yet")
+        return [("b", f"after attempt {lease.attempts}")]
+
+    done: list[Any] = []
+
+    def handle(lease: Lease) -> list[Any] | None:
+        if lease.group_id == "b":
+            done.append(lease.event)
+        return flaky(lease)
+
+    worker = Worker(q, handle, follow_ups=True, backoff=Backoff(base=0.01, cap=0.01))
+    run_sync(worker, lambda: bool(done))  # until_empty would stop while it waits to retry
+    assert attempts == [1, 2, 3]
+    assert done == ["after attempt 3"]
+    q.close()
+
+
+@pytest.mark.parametrize(
+    "returned",
+    [
+        "a string",
+        {"group_id": "b", "event": 1},  # a mapping: one item, not a list of them
+        42,  # not iterable
+        [("b", 1, 9)],  # priority out of range
+        [("", 1)],  # empty group
+        [("b",)],  # no event
+    ],
+    ids=["str", "mapping", "int", "priority", "group", "short"],
+)
+def test_bad_follow_ups_fail_their_own_message(tmp_path: Path, returned: Any) -> None:
+    """Checked when the handler returns: the message fails as if the handler had raised
+    (here dead-lettered at once), nothing of its follow-ups is published, and the worker
+    goes on with the other messages."""
+    q = SqliteTransport(str(tmp_path / "q.db"), queue="bad")
+    q.publish_many([("a", "bad"), ("c", "good")])
+
+    def handle(lease: Lease) -> Any:
+        if lease.event == "bad":
+            return returned
+        return [("d", "from good")] if lease.event == "good" else None
+
+    worker = Worker(q, handle, follow_ups=True, max_attempts=1)
+    worker.run(handle_signals=False, until_empty=True)
+    [dead] = q.dead_letters()
+    assert dead.event == "bad"
+    assert dead.reason.startswith("InvalidArgument: the handler returned bad follow-ups")
+    assert worker.stats.acked == 2 and worker.stats.published == 1  # "good" and its follow-up
+    assert q.stats().depth == 0
+    q.close()
+
+
+async def test_an_async_handlers_follow_ups(url: str, queue: str) -> None:
+    q = await AsyncTransport.from_url(url, queue=queue)
+    await q.publish("chain", 0)
+    seen: list[int] = []
+
+    async def hop(lease: Lease) -> list[tuple[str, int]]:
+        await asyncio.sleep(0)
+        seen.append(lease.event)
+        return [("chain", lease.event + 1)] if lease.event < 5 else []
+
+    worker = AsyncWorker(q, hop, follow_ups=True)
+    await worker.run(handle_signals=False, until_empty=True)
+    assert seen == [0, 1, 2, 3, 4, 5] and worker.stats.published == 5
+    await q.close()
+
+
+def test_a_chain_of_follow_ups_costs_one_raft_entry_per_hop(
+    rqlite_cluster3: Cluster, queue: str
+) -> None:
+    """The ack, its follow-up and the next claim are one write (concurrency 1)."""
+    q = Transport.from_url(rqlite_cluster3.url, queue=queue)
+    q.publish("chain", 0)
+    seen: list[int] = []
+
+    def hop(lease: Lease) -> list[tuple[str, int]]:
+        seen.append(lease.event)
+        return [("chain", lease.event + 1)] if lease.event < 39 else []
+
+    before = raft_index(rqlite_cluster3)
+    worker = Worker(q, hop, follow_ups=True, concurrency=1, poll_interval=0.02)
+    worker.run(handle_signals=False, until_empty=True)
+    assert seen == list(range(40))
+    # 40 rounds that each ack a hop, publish the next and claim it; the first claims only.
+    assert raft_index(rqlite_cluster3) - before <= 41
+    q.close()

@@ -23,6 +23,8 @@ linearizable read on rqlite). Every metric has a `queue` label:
 | `rqlite_queue_worker_rounds_total` | counter | round trips (one write: settle and claim) |
 | `rqlite_queue_worker_probes_total` | counter | reads made while idle, instead of a write |
 | `rqlite_queue_worker_ticks_total` | counter | messages published for due schedules |
+| `rqlite_queue_worker_published_total` | counter | follow-ups published with the worker's acks |
+| `rqlite_queue_worker_forwarded_total` | counter | sharded: follow-ups forwarded from an outbox |
 | `rqlite_queue_worker_claim_seconds` | histogram | time per round trip that claimed |
 | `rqlite_queue_worker_in_flight` | gauge | handlers running now |
 | `rqlite_queue_transport_resent_total` | counter | batches resent after an unknown outcome |
@@ -33,6 +35,7 @@ linearizable read on rqlite). Every metric has a `queue` label:
 | `rqlite_queue_stats_errors_total` | counter | scrapes whose `stats()` call failed |
 | `rqlite_queue_shard_up{shard}` | gauge | sharded: 1 while the shard answers, else 0 |
 | `rqlite_queue_shard_depth{shard}` | gauge | sharded: messages on each shard that answered |
+| `rqlite_queue_outbox` | gauge | sharded: follow-ups waiting in the shards' outboxes |
 
 The claim-latency histogram's buckets are `rqlite_queue.worker.CLAIM_BUCKETS`."""
 
@@ -191,6 +194,12 @@ class WorkerCollector:
             ),
             ("probes", "Reads made while idle, instead of a write.", stats.probes),
             ("ticks", "Messages published for due schedules.", stats.ticks),
+            ("published", "Follow-ups published with this worker's acks.", stats.published),
+            (
+                "forwarded",
+                "Follow-ups forwarded from a shard's outbox to their shard.",
+                stats.forwarded,
+            ),
         )
         for name, text, value in counters:
             metric = CounterMetricFamily(f"{PREFIX}_worker_{name}", text, labels=["queue"])
@@ -289,7 +298,14 @@ class WorkerCollector:
                 up.add_metric([self.queue, name], 0 if name in down else 1)
             for name, count in (snapshot.by_shard if snapshot is not None else {}).items():
                 depth.add_metric([self.queue, name], count)
-        yield from (up, depth)
+        outbox = GaugeMetricFamily(
+            f"{PREFIX}_outbox",
+            "Follow-ups waiting in the shards' outboxes to be forwarded.",
+            labels=["queue"],
+        )
+        if snapshot is not None:
+            outbox.add_metric([self.queue], snapshot.outbox)
+        yield from (up, depth, outbox)
 
 
 class MetricsServer:

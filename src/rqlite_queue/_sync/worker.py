@@ -66,6 +66,11 @@ class WorkerStats:
     """Node-local reads made while idle (no write)."""
     ticks: int = 0
     """Messages this worker published for due schedules."""
+    published: int = 0
+    """Follow-ups published with this worker's acks (`follow_ups=True`)."""
+    forwarded: int = 0
+    """Follow-ups forwarded from a shard's outbox to their own shard at the end of this
+    worker's rounds (sharded queues; the periodic sweep is not counted)."""
     claim_seconds: float = 0.0
     """Total time spent in round trips that claimed (divide by claim_rounds for the mean)."""
     claim_rounds: int = 0
@@ -454,7 +459,7 @@ class Worker:
                         given = list(result)
                     self.transport.check_publish_many(given)  # refuses a str, a mapping...
                     follow_ups = list(given)
-                except Exception as bad:
+                except (InvalidArgument, TypeError) as bad:  # not iterable, or refused
                     exc = InvalidArgument(f"the handler returned bad follow-ups: {bad}")
             verdict = self.policy.verdict(lease, exc, self._rng)
             if verdict.kind == "ack":
@@ -551,6 +556,10 @@ class Worker:
         self.stats.acked += sum(id(lease) not in lost for lease in pending.ack)
         self.stats.nacked += sum(id(lease) not in lost for lease, _ in pending.nack)
         self.stats.dead_lettered += sum(id(lease) not in lost for lease, _ in pending.dead)
+        self.stats.published += sum(
+            len(items) for lease, items in pending.publish if id(lease) not in lost
+        )
+        self.stats.forwarded += result.forwarded
         self._took_in_extensions(result.extended, [lease for lease in extend if id(lease) in lost])
 
 
