@@ -608,6 +608,48 @@ def test_bad_follow_ups_fail_their_own_message(tmp_path: Path, returned: Any) ->
     q.close()
 
 
+def test_two_handlers_follow_ups_with_one_dedup_id_are_published_once(
+    url: str, queue: str
+) -> None:
+    """A round refuses two leases' follow-ups that share a dedup id: the Worker sends the
+    second in a later round, where the dedup id makes it a duplicate."""
+    q = Transport.from_url(url, queue=queue)
+    q.publish_many([(f"g{i}", i) for i in range(8)])
+    gate = threading.Barrier(8, timeout=10)
+
+    def handle(lease: Lease) -> list[Any] | None:
+        if lease.group_id == "summary":
+            return None
+        gate.wait()  # all eight finish together: their acks go in one round
+        return [{"group_id": "summary", "event": lease.event, "dedup_id": "the-summary"}]
+
+    worker = Worker(q, handle, follow_ups=True, concurrency=8)
+    worker.run(handle_signals=False, until_empty=True)
+    assert worker.stats.acked == 9 and worker.stats.claim_errors == 0
+    assert q.stats().depth == 0 and q.dead_letters() == []
+    assert worker.stats.rounds >= 3  # the eight acks could not all go in one round
+    q.close()
+
+
+def test_a_handlers_generator_that_fails_fails_its_message(tmp_path: Path) -> None:
+    q = SqliteTransport(str(tmp_path / "q.db"), queue="gen")
+    q.publish("a", 1)
+
+    def handle(lease: Lease) -> Any:
+        def follow_ups() -> Any:
+            yield ("b", 1)
+            raise RuntimeError("half way")
+
+        return follow_ups()
+
+    worker = Worker(q, handle, follow_ups=True, max_attempts=1)
+    worker.run(handle_signals=False, until_empty=True)
+    [dead] = q.dead_letters()
+    assert dead.reason == "RuntimeError: half way"
+    assert q.peek("b") == []
+    q.close()
+
+
 async def test_an_async_handlers_follow_ups(url: str, queue: str) -> None:
     q = await AsyncTransport.from_url(url, queue=queue)
     await q.publish("chain", 0)

@@ -34,6 +34,10 @@ def is_async_handler(handler: Callable[..., Any]) -> bool:
     )
 
 
+async def _then(awaitable: Awaitable[Any], finish: Callable[[Any], Any]) -> Any:
+    return finish(await awaitable)
+
+
 class DaemonPool(Executor):
     """Up to `size` reused daemon threads. Daemons, so that a handler stuck past the grace
     period (its lease nacked) does not keep the process from exiting."""
@@ -114,22 +118,40 @@ class AsyncRuntime:
         if not callable(handler):
             raise InvalidArgument(f"the handler must be callable, got {handler!r}")
 
-    def start(self, handler: Callable[..., Any], lease: Any, key: Any, done: Done) -> None:
+    def start(
+        self,
+        handler: Callable[..., Any],
+        lease: Any,
+        key: Any,
+        done: Done,
+        finish: Callable[[Any], Any] | None = None,
+    ) -> None:
         """Run `handler(lease)`: a coroutine function as a task, a sync one on a reused thread,
-        off the event loop. `done` is called on the loop when it finishes."""
+        off the event loop. `finish`, if given, turns what it returned into what `done` gets,
+        where the handler ran (its thread, or its task). `done` is called on the loop when it
+        finishes."""
         future: asyncio.Future[Any]
         if is_async_handler(handler):
-            future = self._loop.create_task(handler(lease))
+            call = handler(lease) if finish is None else _then(handler(lease), finish)
+            future = self._loop.create_task(call)
         else:
-            future = self._loop.create_task(self._in_thread(handler, lease))
+            future = self._loop.create_task(self._in_thread(handler, lease, finish))
         self._tasks.add(future)
         future.add_done_callback(self._tasks.discard)
         future.add_done_callback(_report(key, done))  # type: ignore[arg-type]
 
-    async def _in_thread(self, handler: Callable[..., Any], lease: Any) -> Any:
-        result = await self._loop.run_in_executor(self._pool, handler, lease)
+    async def _in_thread(
+        self, handler: Callable[..., Any], lease: Any, finish: Callable[[Any], Any] | None
+    ) -> Any:
+        def call() -> Any:
+            result = handler(lease)
+            if finish is None or inspect.isawaitable(result):
+                return result
+            return finish(result)
+
+        result = await self._loop.run_in_executor(self._pool, call)
         if inspect.isawaitable(result):
-            return await result
+            return await (result if finish is None else _then(result, finish))
         return result
 
     async def wait(self, seconds: float) -> None:
@@ -190,7 +212,14 @@ class SyncRuntime:
         if is_async_handler(handler):
             raise InvalidArgument("Worker takes a sync handler; use AsyncWorker for a coroutine")
 
-    def start(self, handler: Callable[..., Any], lease: Any, key: Any, done: Done) -> None:
+    def start(
+        self,
+        handler: Callable[..., Any],
+        lease: Any,
+        key: Any,
+        done: Done,
+        finish: Callable[[Any], Any] | None = None,
+    ) -> None:
         def run() -> Any:
             result = handler(lease)
             if inspect.isawaitable(result):
@@ -198,7 +227,7 @@ class SyncRuntime:
                 if close is not None:
                     close()  # never awaited: do not leave a warning behind
                 raise InvalidArgument("the handler returned an awaitable: use AsyncWorker")
-            return result
+            return result if finish is None else finish(result)
 
         self._pool.submit(run).add_done_callback(_report(key, done))
 

@@ -3,7 +3,7 @@ round did, the shape of a `publish_many` item, and the limits callers check agai
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +17,29 @@ GROUP_STATES = ("ready", "leased", "parked", "delayed", "held")
 PublishItem = tuple[str, Any] | tuple[str, Any, int] | Mapping[str, Any]
 """`(group_id, event)`, `(group_id, event, priority)`, or a mapping with those keys (and
 optionally `dedup_id`, `delay`, `not_before`, `ttl`)."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class CheckedItems:
+    """Publish items one queue checked and encoded (`check_publish_many` returns them). Give
+    them as a lease's follow-ups on the same queue (`ack(lease, publish=checked)`,
+    `settle_and_claim(publish=[(lease, checked)])`): they are taken as they are, not checked
+    again. Their delays and ttls count from the check."""
+
+    rows: tuple[Any, ...] = field(repr=False)
+    """The messages as they will be written (the events encoded)."""
+    dedup_ids: frozenset[str]
+    """Their dedup ids (as the queue stores them)."""
+    origin: object = field(repr=False)
+    """The queue that checked them (another refuses them)."""
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+FollowUps = Iterable[PublishItem] | CheckedItems
+"""What a settlement publishes with it: items as `publish_many` takes them, or as
+`check_publish_many` returned them."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,6 +5,7 @@ whatever reply was lost; and publishes inside the caller's own transaction."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import sqlite3
 import time
 import uuid
@@ -130,6 +131,31 @@ async def test_bad_follow_ups_are_refused_before_anything_is_written(q: Any, pub
         await q.settle_and_claim("w", 30, 0, ack=[a], nack=[(b, 0)], publish=publish(a, b))
     assert await q.stats() == before
     await q.ack(a)  # still held: nothing happened
+
+
+async def test_checked_follow_ups_are_taken_as_they_are(q: Any) -> None:
+    """`check_publish_many` returns the items checked and encoded; `publish=` takes them
+    without checking again (a Worker checks its handlers' follow-ups when they return). Only
+    the queue that checked them takes them."""
+    checked = q.check_publish_many(
+        [("next", {"n": 1}), {"group_id": "mail", "event": "m", "dedup_id": "mail-7"}]
+    )
+    if inspect.isawaitable(checked):  # the sync queue, seen through the async wrapper
+        checked = await checked
+    assert len(checked) == 2 and len(checked.dedup_ids) == 1
+    await q.publish_many([("g", 1), ("g", 2)])
+    lease = await q.claim("w", 30)
+    with Transport.from_url("sqlite:///:memory:", queue="other") as other:
+        foreign = other.check_publish_many([("next", "from another queue")])
+    with pytest.raises(InvalidArgument, match="another queue"):
+        await q.ack(lease, publish=foreign)
+    await q.ack(lease, publish=checked)
+    assert await peek_all(q, "next", "mail") == {"next": [{"n": 1}], "mail": ["m"]}
+    assert await q.publish("mail", "again", dedup_id="mail-7") == (await q.peek("mail"))[0][0]
+    [lease] = [x for x in await q.claim_many("w", 30, 10) if x.group_id == "g"]
+    result = await q.settle_and_claim("w", 30, 0, ack=[lease], publish=[(lease, checked)])
+    assert not result.lost
+    assert len(await q.peek("next")) == 2  # the same checked items, published again
 
 
 async def test_chained_follow_ups_keep_each_groups_order(q: Any) -> None:

@@ -32,7 +32,9 @@ from ..codec import Codec
 from ..errors import InvalidArgument, OutcomeUnknown, Unavailable
 from ..types import (
     MAX_BATCH,
+    CheckedItems,
     DeadLetter,
+    FollowUps,
     GroupInfo,
     Lease,
     NodeView,
@@ -192,7 +194,7 @@ class AsyncTransport:
         leases = await self.claim_many(worker_id, visibility, 1, min_priority)
         return leases[0] if leases else None
 
-    async def ack(self, lease: Lease, *, publish: Iterable[PublishItem] = ()) -> None:
+    async def ack(self, lease: Lease, *, publish: FollowUps = ()) -> None:
         """Done: remove the message and free its group. `LeaseLost` if the lease no longer
         holds the group (then nothing changed).
 
@@ -231,10 +233,12 @@ class AsyncTransport:
         it."""
         return await self._publish(Message.parse_many(items), connection)
 
-    def check_publish_many(self, items: Iterable[PublishItem]) -> None:
+    def check_publish_many(self, items: Iterable[PublishItem]) -> CheckedItems:
         """Check `items` as `publish_many` does (shapes, values, the codec, the size limit),
-        sending nothing: `InvalidArgument`, whose `index` is the first bad item's."""
-        self._core.messages(Message.parse_many(items), scoped=self.router.scoped_dedup)
+        sending nothing: `InvalidArgument`, whose `index` is the first bad item's. Returns
+        them checked and encoded, which this queue's `publish=` arguments take as they are
+        (a Worker checks its handlers' follow-ups when they return, and sends them later)."""
+        return self._core.checked_items(items, scoped=self.router.scoped_dedup)
 
     def transaction(self) -> AsyncTransaction:
         """`async with queue.transaction() as tx:` your statements (`tx.execute(sql,
@@ -274,7 +278,7 @@ class AsyncTransport:
         dead: Sequence[tuple[Lease, str]] = (),
         hold_dead: bool = False,
         min_priority: int = 0,
-        publish: Sequence[tuple[Lease, Iterable[PublishItem]]] = (),
+        publish: Sequence[tuple[Lease, FollowUps]] = (),
     ) -> Round:
         """Settle leases (ack; nack as `(lease, delay)`; extend by `visibility`; dead-letter as
         `(lease, reason)`, holding their groups with `hold_dead`) and claim up to `n` new
@@ -326,7 +330,7 @@ class AsyncTransport:
         reason: str,
         *,
         hold: bool = False,
-        publish: Iterable[PublishItem] = (),
+        publish: FollowUps = (),
     ) -> None:
         """Move the message to the dead-letter table, with `reason`, and free its group (or,
         with `hold`, hold it until `release_group`). `publish`: follow-ups, as `ack` takes
@@ -669,8 +673,8 @@ def _token() -> str:
 
 
 def _follow_ups(
-    lease: Lease, items: Iterable[PublishItem]
-) -> list[tuple[Lease, Iterable[PublishItem]]]:
+    lease: Lease, items: FollowUps
+) -> list[tuple[Lease, FollowUps]]:
     if isinstance(items, tuple) and not items:
         return []
     return [(lease, items)]

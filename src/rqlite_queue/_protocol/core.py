@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -31,10 +31,12 @@ from ..types import (
     GROUP_STATES,
     MAX_BATCH,
     MAX_PRIORITY,
+    CheckedItems,
     DeadLetter,
     GroupInfo,
     Lease,
     Probe,
+    PublishItem,
     Round,
     Schedule,
     Stats,
@@ -200,6 +202,20 @@ class QueueCore:
 
         return [at_index(index, checked, m) for index, m in enumerate(given)]
 
+    def checked_items(self, items: Iterable[PublishItem], *, scoped: bool) -> CheckedItems:
+        """`items` checked and encoded once, for a later round's follow-ups."""
+        rows = tuple(self.messages(Message.parse_many(items), scoped=scoped))
+        ids = frozenset(m.dedup_id for m in rows if m.dedup_id is not None)
+        return CheckedItems(rows, ids, self)
+
+    def follow_ups(self, items: object, *, scoped: bool) -> Sequence[sql.NewMessage]:
+        """A lease's follow-ups, checked and encoded (or as `checked_items` made them)."""
+        if isinstance(items, CheckedItems):
+            if items.origin is not self:
+                raise InvalidArgument("these items were checked by another queue")
+            return items.rows
+        return self.messages(Message.parse_many(items), scoped=scoped)  # type: ignore[arg-type]
+
     def publish(self, messages: Sequence[sql.NewMessage]) -> Plan[list[int]]:
         """Publish checked messages atomically; the plan reads their seqs, in order."""
         now = self._now()
@@ -266,7 +282,7 @@ class QueueCore:
     def check_round(self, spec: RoundSpec, *, scoped: bool = False) -> CheckedRound:
         """Every argument of a round, checked once, before anything is sent anywhere.
         `scoped`: the follow-ups' dedup ids are scoped to their group (a sharded queue's)."""
-        checked = spec.checked(lambda given: self.messages(given, scoped=scoped))
+        checked = spec.checked(lambda given: self.follow_ups(given, scoped=scoped))
         self._now()
         return checked
 

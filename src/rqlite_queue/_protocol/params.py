@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
 from ..errors import InvalidArgument
-from ..types import MAX_BATCH, MAX_PRIORITY, Lease, PublishItem
+from ..types import MAX_BATCH, MAX_PRIORITY, FollowUps, Lease, PublishItem
 from . import sql
 from .cadence import check_cadence, next_after
 from .checks import (
@@ -170,15 +170,13 @@ class RoundSpec:
     hold_dead: Any = False
     expired: Sequence[Lease] = ()
     """Leases taken on messages whose ttl had passed: dead-lettered with reason `expired`."""
-    publish: Sequence[tuple[Lease, Iterable[PublishItem]]] = ()
+    publish: Sequence[tuple[Lease, FollowUps]] = ()
     """Follow-ups: (a lease acked or dead-lettered in this round, the messages published with
-    its settlement, as `publish_many` takes them)."""
+    its settlement, as `publish_many` takes them or as `check_publish_many` returned them)."""
 
-    def checked(
-        self, messages: Callable[[Sequence[Message]], list[sql.NewMessage]]
-    ) -> CheckedRound:
+    def checked(self, messages: Callable[[object], Sequence[sql.NewMessage]]) -> CheckedRound:
         """Every argument checked, once, before anything is sent anywhere (`messages`
-        checks and encodes follow-ups)."""
+        checks and encodes a lease's follow-ups)."""
         check_int(self.n, "n", 0, MAX_BATCH)
         check_int(self.min_priority, "min_priority", 0, MAX_PRIORITY)
         check_seconds(self.visibility, "visibility", allow_zero=False)
@@ -272,7 +270,7 @@ class CheckedRound:
 
 
 def _follow_ups(
-    given: object, messages: Callable[[Sequence[Message]], list[sql.NewMessage]]
+    given: object, messages: Callable[[object], Sequence[sql.NewMessage]]
 ) -> dict[tuple[str, str, int], tuple[sql.NewMessage, ...]]:
     """The follow-ups of each lease (by key), checked and encoded. A dedup id repeated within
     one lease's follow-ups is one message; across two leases' it is refused (which one of them
@@ -287,12 +285,12 @@ def _follow_ups(
         key = (held.group_id, held.token, held.seq)
         if key in checked:
             raise InvalidArgument("publish= names a lease twice: give its follow-ups once")
-        parsed = Message.parse_many(items)
-        total += len(parsed)
+        rows = messages(items)
+        total += len(rows)
         if total > MAX_PUBLISH:
             raise InvalidArgument(f"at most {MAX_PUBLISH} follow-ups per round")
         unique: list[sql.NewMessage] = []
-        for m in messages(parsed):
+        for m in rows:
             if m.dedup_id is not None:
                 if owner.setdefault(m.dedup_id, key) != key:
                     raise InvalidArgument(

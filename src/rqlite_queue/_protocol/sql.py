@@ -521,7 +521,8 @@ def _insert_messages(
         {"items": items, "now": now},
         slot="inserted",
     )
-    _forget_expired(b, n, f"SELECT {_item(0)} FROM json_each(:items) j", {"items": items}, now)
+    groups = _json(list(dict.fromkeys(m.group_id for m in messages)))
+    _forget_expired(b, n, "SELECT j.value FROM json_each(:groups) j", {"groups": groups}, now)
     if deduplicated:
         b.add(
             f"INSERT OR REPLACE INTO {n.dedup} (dedup_id, seq, expires_at) "
@@ -530,7 +531,8 @@ def _insert_messages(
             {"until": dedup_until},
         )
     # Only the items inserted now create or refill their group's row (a duplicate must not
-    # bring back a group that has since emptied, nor set a priority).
+    # bring back a group that has since emptied, nor set a priority); of those, the first of
+    # each group (the ones after it would find its row refilled and change nothing).
     inserted_now = (
         f"({_item(3)} IS NULL OR (SELECT seq FROM {n.dedup} WHERE dedup_id = {_item(3)}) > "
         f"(SELECT value FROM {n.meta} WHERE \"key\" = 'mark'))"
@@ -540,8 +542,8 @@ def _insert_messages(
     b.add(
         _UPSERT_GROUP.format(
             n=n,
-            rows=f"j.key, {_item(0)}, {_item(2)}, {_item(4)} FROM json_each(:items) j "
-            f"WHERE {condition} AND {inserted_now}",
+            rows=f"min(j.key), {_item(0)}, {_item(2)}, {_item(4)} FROM json_each(:items) j "
+            f"WHERE {condition} AND {inserted_now} GROUP BY 2",
         ),
         {"items": items, "now": now},
     )

@@ -14,11 +14,12 @@ import random
 import socket
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .._protocol.checks import check_bool, check_int, check_seconds
+from .._protocol.params import MAX_PUBLISH
 from .._protocol.retry import ROUND_ERRORS, Backoff
 from .._protocol.worker_policy import FailurePolicy, PriorityShare, Verdict, heartbeat_due
 from .._runtime import SyncRuntime
@@ -30,7 +31,7 @@ from ..errors import (
     SchemaError,
     TransportClosed,
 )
-from ..types import Lease, Round
+from ..types import CheckedItems, Lease, Round
 from .queue import Transport
 
 log = logging.getLogger("rqlite_queue.worker")
@@ -92,7 +93,7 @@ class _Pending:
     ack: list[Lease] = field(default_factory=list)
     nack: list[tuple[Lease, float]] = field(default_factory=list)
     dead: list[tuple[Lease, str]] = field(default_factory=list)
-    publish: list[tuple[Lease, list[Any]]] = field(default_factory=list)
+    publish: list[tuple[Lease, CheckedItems]] = field(default_factory=list)
     """The follow-ups the handlers returned, with their acks."""
 
     def __bool__(self) -> bool:
@@ -111,6 +112,37 @@ class _Pending:
 
     def leases(self) -> list[Lease]:
         return [*self.ack, *(lease for lease, _ in self.nack), *(lease for lease, _ in self.dead)]
+
+
+@dataclass(frozen=True, slots=True)
+class _Returned:
+    """What a handler returned (`follow_ups=True`): its follow-ups, checked, or why they fail
+    its message."""
+
+    follow_ups: CheckedItems | None
+    error: Exception | None
+
+
+class _FollowUpRoom:
+    """What follow-ups the next round can still carry: a round refuses two leases'
+    follow-ups with one dedup id (which of them holds is known only when it applies), and
+    more than MAX_PUBLISH follow-ups."""
+
+    def __init__(self, *waiting: _Pending) -> None:
+        self.count = 0
+        self.dedup_ids: set[str] = set()
+        for pending in waiting:
+            for _, checked in pending.publish:
+                self.count += len(checked)
+                self.dedup_ids |= checked.dedup_ids
+
+    def take(self, follow_ups: CheckedItems) -> bool:
+        """Whether these fit (then counted in)."""
+        if self.count + len(follow_ups) > MAX_PUBLISH or follow_ups.dedup_ids & self.dedup_ids:
+            return False
+        self.count += len(follow_ups)
+        self.dedup_ids |= follow_ups.dedup_ids
+        return True
 
 
 class Worker:
@@ -221,6 +253,7 @@ class Worker:
         self.schedules = schedules
         self.batch_wait = float(batch_wait)
         self.follow_ups = follow_ups
+        self._finish = self._check_follow_ups if follow_ups else None
         self._next_tick = 0.0
         """When (the transport's clock) to look for due schedules next."""
 
@@ -352,7 +385,7 @@ class Worker:
             for lease in result.leases:
                 key = (lease.group_id, lease.seq)
                 self._running[key] = lease
-                runtime.start(self.handler, lease, key, self._on_done)
+                runtime.start(self.handler, lease, key, self._on_done, self._finish)
 
     def _keep_leases(self, runtime: SyncRuntime) -> None:
         """Beside the loop: while a round trip is stuck (on a frozen or cut-off node, until
@@ -446,21 +479,21 @@ class Worker:
         while self._kept:
             kept = self._kept.popleft()
             self._took_in_extensions(kept.extended, kept.lost)
+        later: list[tuple[tuple[str, int], BaseException | None, Any]] = []
+        room: _FollowUpRoom | None = None
         while self._finished:
             key, exc, result = self._finished.popleft()
-            lease = self._running.pop(key, None)
-            if lease is None:
+            if key not in self._running:
                 continue  # given back at shutdown while its handler ran
-            follow_ups: list[Any] = []
-            if self.follow_ups and exc is None and result is not None:
-                try:  # checked here, so that a bad one fails its own message only
-                    given: Any = result
-                    if not isinstance(result, str | bytes | Mapping):
-                        given = list(result)
-                    self.transport.check_publish_many(given)  # refuses a str, a mapping...
-                    follow_ups = list(given)
-                except (InvalidArgument, TypeError) as bad:  # not iterable, or refused
-                    exc = InvalidArgument(f"the handler returned bad follow-ups: {bad}")
+            follow_ups = None
+            if isinstance(result, _Returned):  # follow_ups=True: checked where it ran
+                follow_ups, exc = result.follow_ups, result.error
+                if follow_ups is not None:
+                    room = room or _FollowUpRoom(self._pending, self._retry)
+                    if not room.take(follow_ups):
+                        later.append((key, exc, result))  # in the next round
+                        continue
+            lease = self._running.pop(key)
             verdict = self.policy.verdict(lease, exc, self._rng)
             if verdict.kind == "ack":
                 self._pending.ack.append(lease)
@@ -472,6 +505,25 @@ class Worker:
             else:
                 self._pending.dead.append((lease, verdict.reason))
                 _log_failure(lease, exc, verdict, self.worker_id)
+        self._finished.extend(later)
+
+    def _check_follow_ups(self, result: Any) -> _Returned:
+        """What a handler returned, its follow-ups checked and encoded where it ran (its
+        thread or its task, beside the round trip in flight): a bad one fails its own message
+        only, and they are not checked again when the round is sent."""
+        if result is None:
+            return _Returned(None, None)
+        given = result
+        if isinstance(result, Iterable) and not isinstance(result, str | bytes | Mapping):
+            try:
+                given = list(result)
+            except Exception as exc:  # the handler's own generator failed
+                return _Returned(None, exc)
+        try:
+            checked = self.transport.check_publish_many(given)  # refuses a str, a mapping...
+        except InvalidArgument as bad:
+            return _Returned(None, InvalidArgument(f"the handler returned bad follow-ups: {bad}"))
+        return _Returned(checked if len(checked) else None, None)
 
     def _give_back_running(self) -> None:
         """The grace period is over: give back what still runs (it can be claimed again now)."""
