@@ -608,9 +608,7 @@ def test_bad_follow_ups_fail_their_own_message(tmp_path: Path, returned: Any) ->
     q.close()
 
 
-def test_two_handlers_follow_ups_with_one_dedup_id_are_published_once(
-    url: str, queue: str
-) -> None:
+def test_two_handlers_follow_ups_with_one_dedup_id_are_published_once(url: str, queue: str) -> None:
     """A round refuses two leases' follow-ups that share a dedup id: the Worker sends the
     second in a later round, where the dedup id makes it a duplicate."""
     q = Transport.from_url(url, queue=queue)

@@ -672,9 +672,7 @@ def _token() -> str:
     return uuid.uuid4().hex
 
 
-def _follow_ups(
-    lease: Lease, items: FollowUps
-) -> list[tuple[Lease, FollowUps]]:
+def _follow_ups(lease: Lease, items: FollowUps) -> list[tuple[Lease, FollowUps]]:
     if isinstance(items, tuple) and not items:
         return []
     return [(lease, items)]
