@@ -28,7 +28,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from rqlite_queue import Transport  # noqa: E402
 from rqlite_queue.local_cluster import Cluster  # noqa: E402
 
 CHILD = r"""
@@ -86,26 +85,43 @@ def worktree(rev: str, into: Path) -> Path:
     return into
 
 
+PUBLISH = """
+import sys
+from rqlite_queue import Transport
+
+url, queue, messages, groups = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+with Transport.from_url(url, queue=queue) as q:
+    for start in range(0, messages, 1000):
+        count = min(1000, messages - start)
+        q.publish_many([(f"g{(start + i) % groups}", start + i) for i in range(count)])
+"""
+
+
+def run_child(src: Path, code: str, argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """`code` run with `src` as the library; its stderr shown if it fails."""
+    child = subprocess.run(
+        [sys.executable, "-c", code, *argv],
+        env={**os.environ, "PYTHONPATH": str(src)},
+        capture_output=True,
+        text=True,
+    )
+    if child.returncode != 0:
+        raise SystemExit(f"a child failed ({src}):\n{child.stderr[-3000:]}")
+    return child
+
+
 def one_run(
     src: Path, cluster: Cluster, flavour: str, concurrency: int, args: argparse.Namespace
 ) -> tuple[float, float]:
     """(messages per second, Raft entries per message) of one drain."""
     queue = f"ba_{uuid.uuid4().hex[:10]}"
-    with Transport.from_url(cluster.url, queue=queue) as q:
-        for start in range(0, args.messages, 1000):
-            count = min(1000, args.messages - start)
-            q.publish_many([(f"g{(start + i) % args.groups}", start + i) for i in range(count)])
+    # Published by the version under test: each makes (and must find) its own schema.
+    run_child(src, PUBLISH, [cluster.url, queue, str(args.messages), str(args.groups)])
     time.sleep(0.5)  # let the cluster settle after the publishes
     stop_after = args.c1_messages if concurrency == 1 else 0
     before = raft_index(cluster)
     argv = [cluster.url, queue, flavour, str(concurrency), str(stop_after)]
-    child = subprocess.run(
-        [sys.executable, "-c", CHILD, *argv],
-        env={**os.environ, "PYTHONPATH": str(src)},
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    child = run_child(src, CHILD, argv)
     entries = raft_index(cluster) - before
     out = json.loads(child.stdout.strip().splitlines()[-1])
     return out["handled"] / out["seconds"], entries / max(1, out["handled"])

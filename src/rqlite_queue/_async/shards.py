@@ -1,8 +1,9 @@
 """The router of a queue over several clusters (shards); `_sync/shards.py` is generated from it.
 A group lives on one shard (`_protocol/sharding.py`), so within a group all holds as on one
 cluster. Only what is cross-shard lives here: publishes split by shard behind the shard list's
-epoch, claim rounds gathered across shards, answers merged, schedules moved to their group's
-shard, the probes of a shard that stopped answering, and changes of the shard list."""
+epoch, claim rounds gathered across shards, answers merged, the probes of a shard that stopped
+answering; changes of the shard list (`moves.py`), follow-ups to other shards (`outbox.py`)
+and schedules (`shard_schedules.py`) in modules of their own."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from .._protocol.sharding import (
     split_by_shard,
     split_round,
 )
-from .._protocol.sql import NewMessage, ScheduleRow, Statement
+from .._protocol.sql import NewMessage, Statement
 from .._runtime import AsyncFanOut, Awaitable
 from ..errors import (
     BackendError,
@@ -41,6 +42,7 @@ from ..types import NodeView, Round
 from .cluster import AsyncBackend, Merge
 from .moves import AsyncMoves
 from .outbox import AsyncOutbox
+from .shard_schedules import AsyncShardSchedules
 
 T = TypeVar("T")
 
@@ -48,9 +50,6 @@ PROBE_DEADLINE = 2.0  # for a background probe of a down shard
 DEFAULT_CLAIM_DEADLINE = 2.0
 """How long a claim round waits for one shard: one that does not answer in time is skipped by
 claims (the others' leases are returned) until it answers a background probe."""
-RELEASE_SWEEP = 1.0
-"""While the shard list changes, how often workers look for moved groups still held on their
-new shard after their old one emptied (after a crash)."""
 NOT_ANSWERED = (Unavailable, OutcomeUnknown)
 
 
@@ -76,8 +75,8 @@ class AsyncShardRouter:
         self.health = ShardHealth(self.names)
         self._fan = AsyncFanOut(len(self.backends))
         self._turn = 0
-        self._next_release_sweep = 0.0
         self.outbox = AsyncOutbox(self)
+        self.schedules = AsyncShardSchedules(self)
         self.moves = AsyncMoves(self)
 
     @property
@@ -121,7 +120,7 @@ class AsyncShardRouter:
     def check_up(self, name: str, leases: bool = False) -> None:
         self.health.check_up(name, time.monotonic(), leases)
 
-    def _claim_by(self, deadline: float) -> float:
+    def claim_by(self, deadline: float) -> float:
         return min(deadline, time.monotonic() + self.claim_deadline)
 
     async def on(self, name: str, plan: Plan[T], deadline: float) -> T:
@@ -167,7 +166,7 @@ class AsyncShardRouter:
             return answered
         raise Unavailable(f"queue {self.core.names.queue!r}: no shard answered")
 
-    async def _everywhere(
+    async def on_names(
         self, plan: Plan[T], deadline: float, what: str, names: Sequence[str] | None = None
     ) -> dict[str, T]:
         """Run `plan` on every shard (or on `names`); Unavailable naming those that are down
@@ -200,13 +199,13 @@ class AsyncShardRouter:
         return merge({name: result}, []) if merge is not None else result
 
     async def everywhere(self, plan: Plan[T], deadline: float, what: str) -> list[T]:
-        return list((await self._everywhere(plan, deadline, what)).values())
+        return list((await self.on_names(plan, deadline, what)).values())
 
     async def gather(
         self, plan: Plan[T], deadline: float, merge: Merge[T], *, workers: bool = False
     ) -> T:
         """From every shard that answers, merged; `workers`: as claims do (`answering`)."""
-        by = self._claim_by(deadline) if workers else deadline
+        by = self.claim_by(deadline) if workers else deadline
         results = await self.answering(lambda _, b: b.run(plan, by), workers)
         return merge(results, [name for name in self.names if name not in results])
 
@@ -268,7 +267,7 @@ class AsyncShardRouter:
             if settle:
                 self.check_up(name, leases=True)
             mine = parts[name] if settle else []
-            n, by = want.get(name, 0), self._claim_by(deadline)
+            n, by = want.get(name, 0), self.claim_by(deadline)
             return await self._part(name, backend, checked, mine, n, by, probe=not settle)
 
         results = await self.on_many(first, functools.partial(part, want, True), claims=True)
@@ -389,41 +388,10 @@ class AsyncShardRouter:
         return await self.on(name, self.core.done_transaction(messages), deadline)
 
     async def schedule(self, plan: Plan[T], name: str, group_id: str, deadline: float) -> T:
-        """Stored on the group's shard (its ticks are publishes to that group); a schedule of
-        the same name on another shard is removed first (none may be down)."""
-        target = self.shard_list.shard_of(group_id)
-        others = [n for n in self.names if n != target]
-        for other in others:
-            self.check_up(other)
-        if others:
-            plan_elsewhere = self.core.unschedule(name)
-            await self._everywhere(plan_elsewhere, deadline, f"schedule {name!r}", others)
-        return await self.on(target, plan, deadline)
+        return await self.schedules.store(plan, name, group_id, deadline)
 
     async def fire_schedules(self, deadline: float) -> int:
-        """Each shard fires its own schedules. A schedule whose group lives on another shard
-        (left behind by a change of the shard list) is moved there first; while the list
-        changes, the schedules of groups that move wait (their ticks are then caught up)."""
-        if self.shard_list.changing and time.monotonic() >= self._next_release_sweep:
-            self._next_release_sweep = time.monotonic() + RELEASE_SWEEP
-            await self.moves.release_moved_groups(deadline)
-        results = await self.answering(functools.partial(self._fire_on, deadline), True)
-        with contextlib.suppress(*NOT_ANSWERED):  # what a crashed forwarder left behind
-            await self.outbox.forward(deadline)
-        return sum(results.values())
-
-    async def _fire_on(self, deadline: float, name: str, backend: AsyncBackend) -> int:
-        due = await backend.run(self.core.due_schedules(), self._claim_by(deadline))
-        fire: list[ScheduleRow] = []
-        for row in due:
-            target, previous = self.shard_list.placement(row.group_id)
-            if target == previous == name:
-                fire.append(row)
-            elif target == previous:  # on the group's shard first, then gone from here
-                self.check_up(target)
-                await self.backends[target].run(self.core.put_row(row), deadline)
-                await backend.run(self.core.unschedule(row.name), deadline)
-        return await backend.run(self.core.fire(fire), self._claim_by(deadline)) if fire else 0
+        return await self.schedules.fire(deadline)
 
     async def dead(
         self, plan: Plan[int], deadline: float, *, seqs: object, shard: str | None, what: str
@@ -439,7 +407,7 @@ class AsyncShardRouter:
         if shard is None and seqs is not None and len(self.names) > 1:
             raise InvalidArgument(f"{what}: seqs are per shard: give shard= (DeadLetter.shard)")
         if shard is None and seqs is None:
-            return sum((await self._everywhere(plan, deadline, what)).values())
+            return sum((await self.on_names(plan, deadline, what)).values())
         name = self.names[0] if shard is None else shard
         self.backend(name)  # an unknown name is refused
         return await self.on(name, plan, deadline)

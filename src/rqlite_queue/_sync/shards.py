@@ -2,8 +2,9 @@
 """The router of a queue over several clusters (shards); `_sync/shards.py` is generated from it.
 A group lives on one shard (`_protocol/sharding.py`), so within a group all holds as on one
 cluster. Only what is cross-shard lives here: publishes split by shard behind the shard list's
-epoch, claim rounds gathered across shards, answers merged, schedules moved to their group's
-shard, the probes of a shard that stopped answering, and changes of the shard list."""
+epoch, claim rounds gathered across shards, answers merged, the probes of a shard that stopped
+answering; changes of the shard list (`moves.py`), follow-ups to other shards (`outbox.py`)
+and schedules (`shard_schedules.py`) in modules of their own."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from .._protocol.sharding import (
     split_by_shard,
     split_round,
 )
-from .._protocol.sql import NewMessage, ScheduleRow, Statement
+from .._protocol.sql import NewMessage, Statement
 from .._runtime import FanOut, Same
 from ..errors import (
     BackendError,
@@ -42,6 +43,7 @@ from ..types import NodeView, Round
 from .cluster import Backend, Merge
 from .moves import Moves
 from .outbox import Outbox
+from .shard_schedules import SyncShardSchedules
 
 T = TypeVar("T")
 
@@ -49,9 +51,6 @@ PROBE_DEADLINE = 2.0  # for a background probe of a down shard
 DEFAULT_CLAIM_DEADLINE = 2.0
 """How long a claim round waits for one shard: one that does not answer in time is skipped by
 claims (the others' leases are returned) until it answers a background probe."""
-RELEASE_SWEEP = 1.0
-"""While the shard list changes, how often workers look for moved groups still held on their
-new shard after their old one emptied (after a crash)."""
 NOT_ANSWERED = (Unavailable, OutcomeUnknown)
 
 
@@ -77,8 +76,8 @@ class ShardRouter:
         self.health = ShardHealth(self.names)
         self._fan = FanOut(len(self.backends))
         self._turn = 0
-        self._next_release_sweep = 0.0
         self.outbox = Outbox(self)
+        self.schedules = SyncShardSchedules(self)
         self.moves = Moves(self)
 
     @property
@@ -122,7 +121,7 @@ class ShardRouter:
     def check_up(self, name: str, leases: bool = False) -> None:
         self.health.check_up(name, time.monotonic(), leases)
 
-    def _claim_by(self, deadline: float) -> float:
+    def claim_by(self, deadline: float) -> float:
         return min(deadline, time.monotonic() + self.claim_deadline)
 
     def on(self, name: str, plan: Plan[T], deadline: float) -> T:
@@ -168,7 +167,7 @@ class ShardRouter:
             return answered
         raise Unavailable(f"queue {self.core.names.queue!r}: no shard answered")
 
-    def _everywhere(
+    def on_names(
         self, plan: Plan[T], deadline: float, what: str, names: Sequence[str] | None = None
     ) -> dict[str, T]:
         """Run `plan` on every shard (or on `names`); Unavailable naming those that are down
@@ -201,13 +200,13 @@ class ShardRouter:
         return merge({name: result}, []) if merge is not None else result
 
     def everywhere(self, plan: Plan[T], deadline: float, what: str) -> list[T]:
-        return list((self._everywhere(plan, deadline, what)).values())
+        return list((self.on_names(plan, deadline, what)).values())
 
     def gather(
         self, plan: Plan[T], deadline: float, merge: Merge[T], *, workers: bool = False
     ) -> T:
         """From every shard that answers, merged; `workers`: as claims do (`answering`)."""
-        by = self._claim_by(deadline) if workers else deadline
+        by = self.claim_by(deadline) if workers else deadline
         results = self.answering(lambda _, b: b.run(plan, by), workers)
         return merge(results, [name for name in self.names if name not in results])
 
@@ -265,7 +264,7 @@ class ShardRouter:
             if settle:
                 self.check_up(name, leases=True)
             mine = parts[name] if settle else []
-            n, by = want.get(name, 0), self._claim_by(deadline)
+            n, by = want.get(name, 0), self.claim_by(deadline)
             return self._part(name, backend, checked, mine, n, by, probe=not settle)
 
         results = self.on_many(first, functools.partial(part, want, True), claims=True)
@@ -386,41 +385,10 @@ class ShardRouter:
         return self.on(name, self.core.done_transaction(messages), deadline)
 
     def schedule(self, plan: Plan[T], name: str, group_id: str, deadline: float) -> T:
-        """Stored on the group's shard (its ticks are publishes to that group); a schedule of
-        the same name on another shard is removed first (none may be down)."""
-        target = self.shard_list.shard_of(group_id)
-        others = [n for n in self.names if n != target]
-        for other in others:
-            self.check_up(other)
-        if others:
-            plan_elsewhere = self.core.unschedule(name)
-            self._everywhere(plan_elsewhere, deadline, f"schedule {name!r}", others)
-        return self.on(target, plan, deadline)
+        return self.schedules.store(plan, name, group_id, deadline)
 
     def fire_schedules(self, deadline: float) -> int:
-        """Each shard fires its own schedules. A schedule whose group lives on another shard
-        (left behind by a change of the shard list) is moved there first; while the list
-        changes, the schedules of groups that move wait (their ticks are then caught up)."""
-        if self.shard_list.changing and time.monotonic() >= self._next_release_sweep:
-            self._next_release_sweep = time.monotonic() + RELEASE_SWEEP
-            self.moves.release_moved_groups(deadline)
-        results = self.answering(functools.partial(self._fire_on, deadline), True)
-        with contextlib.suppress(*NOT_ANSWERED):  # what a crashed forwarder left behind
-            self.outbox.forward(deadline)
-        return sum(results.values())
-
-    def _fire_on(self, deadline: float, name: str, backend: Backend) -> int:
-        due = backend.run(self.core.due_schedules(), self._claim_by(deadline))
-        fire: list[ScheduleRow] = []
-        for row in due:
-            target, previous = self.shard_list.placement(row.group_id)
-            if target == previous == name:
-                fire.append(row)
-            elif target == previous:  # on the group's shard first, then gone from here
-                self.check_up(target)
-                self.backends[target].run(self.core.put_row(row), deadline)
-                backend.run(self.core.unschedule(row.name), deadline)
-        return backend.run(self.core.fire(fire), self._claim_by(deadline)) if fire else 0
+        return self.schedules.fire(deadline)
 
     def dead(
         self, plan: Plan[int], deadline: float, *, seqs: object, shard: str | None, what: str
@@ -436,7 +404,7 @@ class ShardRouter:
         if shard is None and seqs is not None and len(self.names) > 1:
             raise InvalidArgument(f"{what}: seqs are per shard: give shard= (DeadLetter.shard)")
         if shard is None and seqs is None:
-            return sum((self._everywhere(plan, deadline, what)).values())
+            return sum((self.on_names(plan, deadline, what)).values())
         name = self.names[0] if shard is None else shard
         self.backend(name)  # an unknown name is refused
         return self.on(name, plan, deadline)
