@@ -62,7 +62,7 @@ def test_long_chaos_run(rqlited_path: str, tmp_path: Path) -> None:
     summary = report.summary()
     print(summary)
     page = _reliability_page(config, summary)
-    kept = _kept_failover_section()
+    kept = _kept_sections()
     (ROOT / "docs" / "reliability.md").write_text(page + ("\n" + kept if kept else ""))
     assert report.ok, summary
     assert report.takeovers.lease_lost > 0, "no lapsed lease was taken over and fenced"
@@ -70,9 +70,7 @@ def test_long_chaos_run(rqlited_path: str, tmp_path: Path) -> None:
 
 
 def _reliability_page(config: Config, summary: str) -> str:
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
+    commit = _commit()
     return (
         "# Reliability: the latest long chaos run\n\n"
         f"Command: `make chaos CHAOS_SEED={config.seed}` (at commit {commit}, "
@@ -331,9 +329,7 @@ def test_long_sharded_chaos_run(rqlited_path: str, tmp_path: Path) -> None:
 
 
 def _sharded_page(config: Config, summary: str) -> str:
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
+    commit = _commit()
     return (
         "# Reliability: the latest long chaos run on a sharded queue\n\n"
         f"Command: `make chaos CHAOS_SEED={config.seed}` (at commit {commit}, "
@@ -395,9 +391,7 @@ FAILOVER_BEGIN, FAILOVER_END = "<!-- failover: begin -->", "<!-- failover: end -
 
 def _write_failover_section(config: FailoverConfig, summary: str) -> None:
     """The failover run's section of docs/reliability.md (the long chaos run keeps it)."""
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
+    commit = _commit()
     section = (
         f"{FAILOVER_BEGIN}\n## Failover with the library's defaults\n\n"
         f"Command: `make chaos CHAOS_SEED={config.seed}` "
@@ -426,29 +420,39 @@ def _write_failover_section(config: FailoverConfig, summary: str) -> None:
         "Worker's lease keeper extends the leases a stuck round would have.\n\n"
         "```\n" + summary + "\n```\n" + FAILOVER_END + "\n"
     )
+    _put_section(FAILOVER_BEGIN, FAILOVER_END, section)
+
+
+def _commit() -> str:
+    return subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+
+
+def _put_section(begin: str, end: str, section: str) -> None:
+    """Put `section` (marked by `begin` and `end`) in docs/reliability.md, in place of the
+    one there, else at the end."""
     page = ROOT / "docs" / "reliability.md"
     text = page.read_text()
-    if FAILOVER_BEGIN in text:
-        before, rest = text.split(FAILOVER_BEGIN, 1)
-        text = before + section + rest.split(FAILOVER_END, 1)[1].lstrip("\n")
+    if begin in text:
+        before, rest = text.split(begin, 1)
+        text = before + section + rest.split(end, 1)[1].lstrip("\n")
     else:
         text = text.rstrip("\n") + "\n\n" + section
     page.write_text(text)
 
 
-def _kept_failover_section() -> str:
-    """The failover section of the current docs/reliability.md (kept when the page is made
-    anew by the long chaos run)."""
+def _kept_sections() -> str:
+    """The sections of the current docs/reliability.md that other runs wrote (failover,
+    chains): kept when the long chaos run makes the page anew."""
     page = ROOT / "docs" / "reliability.md"
     text = page.read_text() if page.exists() else ""
-    if FAILOVER_BEGIN not in text:
-        return ""
-    return (
-        FAILOVER_BEGIN
-        + text.split(FAILOVER_BEGIN, 1)[1].split(FAILOVER_END, 1)[0]
-        + FAILOVER_END
-        + "\n"
-    )
+    kept = [
+        begin + text.split(begin, 1)[1].split(end, 1)[0] + end + "\n"
+        for begin, end in ((FAILOVER_BEGIN, FAILOVER_END), (CHAINS_BEGIN, CHAINS_END))
+        if begin in text
+    ]
+    return "\n".join(kept)
 
 
 # ------------------------------------------------------- exactly-once effects: chains of hops
@@ -519,9 +523,7 @@ CHAINS_BEGIN, CHAINS_END = "<!-- chains: begin -->", "<!-- chains: end -->"
 
 def _write_chain_section() -> None:
     """The chain runs' section of docs/reliability.md."""
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
+    commit = _commit()
     runs = "\n\n".join(f"{name}:\n{summary}" for name, summary in _CHAIN_RUNS.items())
     section = (
         f"{CHAINS_BEGIN}\n## Exactly-once effects: chains of hops\n\n"
@@ -537,11 +539,4 @@ def _write_chain_section() -> None:
         "publishes again when its message comes back ([Exactly-once effects](effects.md)).\n\n"
         "```\n" + runs + "\n```\n" + CHAINS_END + "\n"
     )
-    page = ROOT / "docs" / "reliability.md"
-    text = page.read_text()
-    if CHAINS_BEGIN in text:
-        before, rest = text.split(CHAINS_BEGIN, 1)
-        text = before + section + rest.split(CHAINS_END, 1)[1].lstrip("\n")
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    page.write_text(text)
+    _put_section(CHAINS_BEGIN, CHAINS_END, section)
