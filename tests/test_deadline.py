@@ -4,6 +4,7 @@ connections and never reply, as a partitioned node would), so no quorum is left.
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -80,3 +81,33 @@ def test_a_write_sent_and_unanswered_is_outcome_unknown_not_unavailable(frozen: 
     q, _, _ = frozen
     with pytest.raises(OutcomeUnknown):
         q.publish("g", 1)  # sent to a frozen node, no reply: it may be in the log
+
+
+def test_a_write_that_cannot_be_resent_waits_for_a_slow_node(
+    rqlite_cluster_factory: Callable[..., Cluster],
+) -> None:
+    """A node that answers late (here a follower frozen for 1.5 s, with the request on its
+    socket) still answers: a publish without a dedup id, which cannot be sent again, waits
+    for it up to `timeout` rather than give it up after a second and raise `OutcomeUnknown`
+    for a publish that applies (the write that failed the harel test on a loaded machine)."""
+    cluster = rqlite_cluster_factory(3)
+    leader = cluster.leader()
+    follower = next(node for node in cluster.nodes if node is not leader)
+    q = RqliteTransport(follower.http_url, queue=f"dl_{uuid.uuid4().hex[:8]}", timeout=5.0)
+    try:
+        q.publish("g", 0)  # the tables exist before the node is frozen
+        follower.pause()
+        thaw = threading.Timer(1.5, follower.resume)
+        thaw.start()
+        try:
+            started = time.monotonic()
+            seq = q.publish("g", 1)
+            waited = time.monotonic() - started
+        finally:
+            thaw.join()
+        assert waited >= 1.2, f"answered after {waited:.2f}s, before the node was thawed?"
+        assert [payload for _, payload in q.peek("g")] == [0, 1]
+        assert q.peek("g")[-1][0] == seq
+    finally:
+        follower.resume()
+        q.close()

@@ -249,3 +249,14 @@ def test_patience(
     state.slow = slow
     request = HttpRequest("/db/request?transaction", b"x" * bytes_, 1)
     assert state.patience(request, lease_for, resend) == pytest.approx(expected)
+
+
+def test_a_write_that_cannot_be_resent_is_given_the_whole_timeout() -> None:
+    """Giving up a slow node early helps a call that can send again elsewhere; a final write
+    (a publish without dedup ids) would only turn a slow success into `OutcomeUnknown`."""
+    from rqlite_queue._protocol.http import ClientState, Endpoints
+
+    state = ClientState(Endpoints(("http://h:1",)), timeout=10.0)
+    request = HttpRequest("/db/request?transaction", b"x", 1)
+    assert state.patience(request, None, 0, final=True) == 10.0
+    assert state.patience(request, 2.0, 0, final=True) == 10.0

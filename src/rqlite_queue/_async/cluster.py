@@ -33,7 +33,13 @@ UPGRADE_ATTEMPTS = 5
 
 class AsyncExecutor(Protocol):
     async def execute(
-        self, batch: Batch, deadline: float, *, lease_for: float | None = None, resend: int = 0
+        self,
+        batch: Batch,
+        deadline: float,
+        *,
+        lease_for: float | None = None,
+        resend: int = 0,
+        final: bool = False,
     ) -> list[Result]: ...
 
     async def close(self) -> None: ...
@@ -95,7 +101,9 @@ class AsyncBackend:
     async def _send(self, plan: Plan[T], deadline: float) -> T:
         if not plan.batch.statements:
             return plan.read(Reply(plan.batch, []))  # nothing to do (an empty settle, say)
-        results = await self.executor.execute(plan.batch, deadline, lease_for=plan.lease_for)
+        results = await self.executor.execute(
+            plan.batch, deadline, lease_for=plan.lease_for, final=plan.replay is None
+        )
         return plan.read(Reply(plan.batch, results))
 
     async def _replay(self, plan: Plan[T], read: Callable[[Reply], T], deadline: float) -> T:

@@ -319,11 +319,18 @@ class ClientState:
         """The node requests go to now."""
         return self.endpoints.urls[self.nodes.current]
 
-    def patience(self, request: HttpRequest, lease_for: float | None, resend: int) -> float:
+    def patience(
+        self, request: HttpRequest, lease_for: float | None, resend: int, final: bool = False
+    ) -> float:
         """How long an attempt waits for its node before giving it up: at least a second,
         more for a client whose requests are slow lately and for a large request, doubled for
         each resend of the call; at most a third of the visibility of the leases it takes or
-        extends (they must still hold after the next attempt), and at most `timeout`."""
+        extends (they must still hold after the next attempt), and at most `timeout`. A
+        `final` write (one its caller cannot send again, such as a publish without dedup ids)
+        waits the whole `timeout`: giving its node up early could only turn a slow success
+        into `OutcomeUnknown`."""
+        if final:
+            return self.timeout
         wait = max(ATTEMPT_FLOOR, SLOW_FACTOR * self.slow) + len(request.body) * SECONDS_PER_BYTE
         wait *= 2.0**resend
         if lease_for is not None:
@@ -331,7 +338,12 @@ class ClientState:
         return min(self.timeout, wait)
 
     def steps(
-        self, batch: Batch, deadline: float, lease_for: float | None = None, resend: int = 0
+        self,
+        batch: Batch,
+        deadline: float,
+        lease_for: float | None = None,
+        resend: int = 0,
+        final: bool = False,
     ) -> tuple[HttpRequest, Generator[Action, Outcome | None, list[Result]]]:
         request = request_for(batch)
         return request, exchange(
@@ -343,7 +355,7 @@ class ClientState:
             monotonic=time.monotonic,
             jitter=random.random,
             on_reply=self._on_reply,
-            patience=self.patience(request, lease_for, resend),
+            patience=self.patience(request, lease_for, resend, final and batch.write),
         )
 
     def _on_reply(self, reply: HttpReply, node: int, took: float) -> None:

@@ -17,12 +17,19 @@ class RqliteClient(ClientState):
     """Sends each batch to one node of the cluster, moving on when a node fails."""
 
     def execute(
-        self, batch: Batch, deadline: float, *, lease_for: float | None = None, resend: int = 0
+        self,
+        batch: Batch,
+        deadline: float,
+        *,
+        lease_for: float | None = None,
+        resend: int = 0,
+        final: bool = False,
     ) -> list[Result]:
         """Run `batch`, giving up at `deadline` (a `time.monotonic()` time). `lease_for`: the
         visibility of the leases it takes or extends; `resend`: how many times the call sent
-        it already (both bound how long one node is waited for: `ClientState.patience`)."""
-        request, steps = self.steps(batch, deadline, lease_for, resend)
+        it already; `final`: the call cannot send it again after a lost reply (all three
+        bound how long one node is waited for: `ClientState.patience`)."""
+        request, steps = self.steps(batch, deadline, lease_for, resend, final)
         action = next(steps)
         while True:
             if isinstance(action, Send):
