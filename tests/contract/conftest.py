@@ -39,6 +39,24 @@ BACKENDS: list[Any] = [
 `rqlite-sharded2x3`, in the slow tier (`pytest -m slow tests/contract`): over two 3-node
 clusters."""
 FLAVOURS = ["sync", "async"]
+
+ONE_TOPOLOGY_ENOUGH = {"test_hostile_input", "test_time", "test_lost_replies"}
+"""Modules whose checks are the same code on every rqlite topology (arguments are checked
+before any I/O; the fake clock and the injected lost replies sit above the HTTP client): by
+default they run on SQLite, the 3-node cluster and two shards; on one node and through a
+follower only in the slow tier (`pytest -m slow tests/contract`), to keep `make test` short."""
+SLOW_TOPOLOGIES = {"rqlite1", "rqlite3-follower"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        backend = callspec.params.get("backend") if callspec is not None else None
+        module = item.module.__name__.rpartition(".")[2] if item.module else ""
+        if backend in SLOW_TOPOLOGIES and module in ONE_TOPOLOGY_ENOUGH:
+            item.add_marker(pytest.mark.slow)
+
+
 _names = itertools.count()
 
 
