@@ -28,6 +28,12 @@ class InvalidArgument(QueueError, ValueError):
     index: int | None = None
 
 
+class TenantMismatch(InvalidArgument):
+    """A publish named a tenant other than the one its group has: a group's tenant is set by
+    the publish that creates (or refills) it and never changes while it has messages.
+    Nothing was written."""
+
+
 class PayloadTooLarge(InvalidArgument):
     """The encoded payload is over the transport's `max_payload_bytes`: nothing was written."""
 

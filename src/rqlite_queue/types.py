@@ -140,6 +140,24 @@ class GroupInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class TenantInfo:
+    """A tenant, as `tenants()` reports it (on a sharded queue, summed over the shards)."""
+
+    name: str
+    """'' for the default tenant (groups given no tenant, when no rule names one)."""
+    weight: float
+    """Its share of claims relative to the other tenants with claimable work (default 1)."""
+    ready: int
+    """Its groups claimable now."""
+    groups: int
+    """Its groups with messages."""
+    in_flight: int
+    """Its leases not lapsed."""
+    depth: int
+    """Its messages."""
+
+
+@dataclass(frozen=True, slots=True)
 class Schedule:
     """A periodic job: `event` is published to `group_id` every `every` seconds, or at the
     times of the `cron` expression (UTC), next at `next_at`."""

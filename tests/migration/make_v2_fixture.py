@@ -33,11 +33,19 @@ class Clock:
 
 
 def main() -> int:
-    if SCHEMA_VERSION != 2:
-        print(f"this is schema v{SCHEMA_VERSION} code: run it against the v2 code", file=sys.stderr)
+    return make(2)
+
+
+def make(version: int) -> int:
+    """Writes `fixtures/v{version}.db` and `.json` (`make_v3_fixture.py` runs it at v3)."""
+    if version != SCHEMA_VERSION:
+        print(
+            f"this is schema v{SCHEMA_VERSION} code: run it against the v{version} code",
+            file=sys.stderr,
+        )
         return 1
     HERE.mkdir(exist_ok=True)
-    path = HERE / "v2.db"
+    path = HERE / f"v{version}.db"
     path.unlink(missing_ok=True)
     clock = Clock()
     q = SqliteTransport(str(path), clock, queue="default")
@@ -81,7 +89,8 @@ def main() -> int:
     with sqlite3.connect(path) as db:
         db.execute("VACUUM")
     facts = {
-        "made_by": f"tests/migration/make_v2_fixture.py at commit {_commit()} (schema v2)",
+        "made_by": f"tests/migration/make_v{version}_fixture.py at commit {_commit()} "
+        f"(schema v{version})",
         "clock": clock.now,
         "queues": ["default", "other"],
         "leased": {
@@ -104,7 +113,7 @@ def main() -> int:
             "dead": stats.dead,
         },
     }
-    (HERE / "v2.json").write_text(json.dumps(facts, indent=2) + "\n")
+    (HERE / f"v{version}.json").write_text(json.dumps(facts, indent=2) + "\n")
     print(json.dumps(facts, indent=2))
     return 0
 

@@ -1,8 +1,9 @@
-"""The upgrade path, tested from real older databases: `fixtures/v1.db` and `fixtures/v2.db` were
-written by the schema-v1 and schema-v2 code (see `make_v1_fixture.py`, `make_v2_fixture.py`),
-with a message leased, one parked, one lapsed, one dead-lettered and deduplicated publishes in
-them (and, in v2, a schedule and a held group). Opened by this code (several clients racing to
-upgrade it, on SQLite and on a 3-node rqlite), every one of them behaves as before."""
+"""The upgrade path, tested from real older databases: `fixtures/v1.db`, `v2.db` and `v3.db` were
+written by the schema-v1, v2 and v3 code (see `make_v1_fixture.py`, `make_v2_fixture.py`,
+`make_v3_fixture.py`), with a message leased, one parked, one lapsed, one dead-lettered and
+deduplicated publishes in them (and, since v2, a schedule and a held group). Opened by this
+code (several clients racing to upgrade it, on SQLite and on a 3-node rqlite), every one of
+them behaves as before."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from rqlite_queue import Lease, LeaseLost, RqliteTransport, SqliteTransport, Tra
 from rqlite_queue.testing import Cluster
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
-VERSIONS = ["v1", "v2"]
+VERSIONS = ["v1", "v2", "v3"]
 RACERS = 4
 
 
@@ -205,7 +206,7 @@ def _shape(path: Path) -> dict[str, Any]:
 def test_a_v2_schedule_and_hold_survive_the_upgrade(
     open_v1: Callable[..., Transport], version: str
 ) -> None:
-    if version != "v2":
+    if version == "v1":
         pytest.skip("schedules and holds came with v2")
     FACTS = facts(version)
     clock = Clock(FACTS["schedule_next_at"] + 1)
@@ -223,3 +224,26 @@ def test_a_v2_schedule_and_hold_survive_the_upgrade(
     claimed = {lease.group_id for lease in other.claim_many("w", 30, 10)}
     assert claimed == {"o", "ticks"}  # not the held group
     assert other.release_group("held")
+
+
+def test_upgraded_groups_are_the_default_tenants_and_fair_share_counts_them(
+    open_v1: Callable[..., Transport], version: str
+) -> None:
+    """Schema v4: every group of an older queue is in the default tenant, whose count of
+    claimable groups starts right (the triggers keep it from then on), and a new tenant's
+    groups share the claims with it by weight."""
+    FACTS = facts(version)
+    clock = Clock(FACTS["lapsed_at"] + 1)  # the lapsed lease is claimable again
+    q = open_v1(clock)
+    q.setup()
+    [default] = q.tenants()
+    ready = {g.group_id for g in q.groups() if g.state == "ready"}
+    assert default.name == "" and default.groups == FACTS["stats"]["groups"]
+    assert default.depth == FACTS["stats"]["depth"]
+    q.set_tenant("new", weight=3)
+    q.publish_many([{"group_id": f"n{i}", "event": i, "tenant": "new"} for i in range(6)])
+    leases = q.claim_many("w", 30, 4)
+    assert sorted(lease.group_id[0] == "n" for lease in leases) == [False, True, True, True]
+    counts = {t.name: (t.ready, t.in_flight) for t in q.tenants()}
+    # In flight in the default tenant: the fixture's hour-long lease and the one just taken.
+    assert counts == {"": (len(ready) - 1, 2), "new": (3, 3)}

@@ -97,6 +97,11 @@ class AsyncBackend:
             if plan.replay is None:
                 raise
             return await self._replay(plan, plan.replay, deadline)
+        except BackendError as exc:
+            refined = self.core.refined(exc)
+            if refined is exc:
+                raise
+            raise refined from None
 
     async def _send(self, plan: Plan[T], deadline: float) -> T:
         if not plan.batch.statements:

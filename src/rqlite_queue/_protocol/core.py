@@ -25,6 +25,7 @@ from ..errors import (
     PayloadTooLarge,
     QueueError,
     SchemaError,
+    TenantMismatch,
     TransportClosed,
 )
 from ..types import (
@@ -40,6 +41,7 @@ from ..types import (
     Round,
     Schedule,
     Stats,
+    TenantInfo,
 )
 from . import sql
 from .cadence import missed
@@ -60,6 +62,8 @@ from .params import (
     Settlement,
     at_index,
     check_reason,
+    check_tenant,
+    check_weight,
 )
 from .sharding import scoped_dedup_id
 
@@ -222,7 +226,12 @@ class QueueCore:
         # A dedup id repeated within one batch is one message: its repeats get its seq.
         unique: list[sql.NewMessage] = []
         seen: set[str] = set()
-        for m in messages:
+        tenants: dict[str, str] = {}
+        for index, m in enumerate(messages):
+            if m.tenant is not None and tenants.setdefault(m.group_id, m.tenant) != m.tenant:
+                exc = TenantMismatch(f"group {show(m.group_id)} is given two tenants")
+                exc.index = index
+                raise exc
             if m.dedup_id is not None:
                 if m.dedup_id in seen:
                     continue
@@ -458,6 +467,41 @@ class QueueCore:
     def set_paused(self, paused: bool) -> Plan[None]:
         self._now()
         return Plan(sql.set_paused(self.names, paused), _nothing, _nothing)
+
+    # ------------------------------------------------------------------ tenants
+
+    def set_tenant(self, name: object, weight: object) -> Plan[None]:
+        """Store a tenant's weight (safe to resend: it sets, it does not add)."""
+        tenant = "" if name == "" else check_tenant(name)
+        batch = sql.set_tenant(self.names, tenant, weight=check_weight(weight))
+        self._now()
+        return Plan(batch, _nothing, _nothing)
+
+    def set_tenant_separator(self, separator: object) -> Plan[None]:
+        if separator is not None and (
+            not isinstance(separator, str) or len(separator) != 1 or separator == "\0"
+        ):
+            raise InvalidArgument(
+                f"the tenant separator is one character (or None), got {show(separator)}"
+            )
+        self._now()
+        return Plan(sql.set_tenant_separator(self.names, separator), _nothing, _nothing)
+
+    def tenants(self, limit: int, after: object) -> Plan[list[TenantInfo]]:
+        check_int(limit, "limit", 1, MAX_BATCH)
+        start = None if after is None else check_tenant(after)
+        batch = sql.list_tenants(self.names, now=self._now(), limit=limit, after=start)
+        return Plan(batch, sql.read_tenants)
+
+    def refined(self, error: QueueError) -> QueueError:
+        """The typed error a failed batch stands for (a guard statement's refusal), or
+        `error` itself."""
+        if sql.TENANT_CHANGE_ERROR.format(tenants=self.names.tenants) in str(error):
+            return TenantMismatch(
+                "a group's tenant never changes while it has messages: this publish names "
+                "another tenant for a group that has messages (nothing was written)"
+            )
+        return error
 
     # ------------------------------------------------------------------ schedules
 

@@ -49,6 +49,7 @@ class Message:
     delay: Any = None
     not_before: Any = None
     ttl: Any = None
+    tenant: Any = None
 
     def checked(
         self, now: float, encode: Callable[[Any], str], dedup_id: Callable[[Any], str | None]
@@ -70,11 +71,13 @@ class Message:
         if self.ttl is not None:
             check_seconds(self.ttl, "ttl", allow_zero=False)
             expires = now + self.ttl
+        if self.tenant is not None:
+            check_tenant(self.tenant)
         text = encode(self.event)
         dedup = self.dedup_id if self.dedup_id is not None else dedup_id(self.event)
         if dedup is not None:
             check_id(dedup, "dedup_id")
-        return sql.NewMessage(self.group_id, text, self.priority, dedup, due, expires)
+        return sql.NewMessage(self.group_id, text, self.priority, dedup, due, expires, self.tenant)
 
     @classmethod
     def parse(cls, item: PublishItem) -> Message:
@@ -106,6 +109,20 @@ class Message:
 
 
 ITEM_KEYS = frozenset(f.name for f in fields(Message))
+
+
+def check_tenant(name: object) -> str:
+    """A tenant's name: an id (the default tenant, '', is never named: leave `tenant` out)."""
+    check_id(name, "tenant")
+    return str(name)
+
+
+def check_weight(weight: object) -> float:
+    if isinstance(weight, bool) or not isinstance(weight, int | float):
+        raise InvalidArgument(f"weight must be a number, got {show(weight)}")
+    if not 0.001 <= weight <= 1_000_000:
+        raise InvalidArgument(f"weight must be in [0.001, 1000000], got {show(weight)}")
+    return float(weight)
 
 
 def at_index(index: int, check: Callable[[Any], T], item: Any) -> T:

@@ -18,7 +18,17 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from ..errors import InvalidArgument, ShardDown
-from ..types import DeadLetter, GroupInfo, Lease, Probe, Round, Schedule, ShardStatus, Stats
+from ..types import (
+    DeadLetter,
+    GroupInfo,
+    Lease,
+    Probe,
+    Round,
+    Schedule,
+    ShardStatus,
+    Stats,
+    TenantInfo,
+)
 from .params import FINISH, CheckedRound, Settlement
 from .retry import PROBE
 from .sql import NewMessage, OutboxRow
@@ -320,6 +330,37 @@ def groups_of(limit: int) -> Callable[[Mapping[str, list[GroupInfo]], Sequence[s
             [dataclasses.replace(i, shard=name) for i in page] for name, page in results.items()
         ]
         return merge_sorted(pages, key=lambda info: info.group_id, limit=limit)
+
+    return merge
+
+
+def tenants_of(limit: int) -> Callable[[Mapping[str, list[TenantInfo]], Sequence[str]], Any]:
+    """Each tenant's counts summed over the shards (its weight is set on every shard: the
+    largest answered stands for it while a shard has not caught up)."""
+
+    def merge(results: Mapping[str, list[TenantInfo]], down: Sequence[str]) -> list[TenantInfo]:
+        merged: dict[str, TenantInfo] = {}
+        for page in results.values():
+            for t in page:
+                seen = merged.get(t.name)
+                merged[t.name] = (
+                    t
+                    if seen is None
+                    else TenantInfo(
+                        t.name,
+                        max(seen.weight, t.weight),
+                        seen.ready + t.ready,
+                        seen.groups + t.groups,
+                        seen.in_flight + t.in_flight,
+                        seen.depth + t.depth,
+                    )
+                )
+        # Each shard's page is its first `limit` names: past the least of their last names,
+        # a shard may have names it did not send; stop there.
+        full = [page[-1].name for page in results.values() if len(page) >= limit]
+        bound = min(full) if full else None
+        names = sorted(n for n in merged if bound is None or n <= bound)
+        return [merged[n] for n in names[:limit]]
 
     return merge
 

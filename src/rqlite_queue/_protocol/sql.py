@@ -58,9 +58,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..types import MAX_PRIORITY
+from ..types import MAX_PRIORITY, TenantInfo
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 RETIRE_WINDOW = 300.0
 PAUSED_UNTIL = 1e15
 """The expiry of the pause row of `claims`: far beyond any time, so pruning never drops it."""
@@ -160,6 +160,10 @@ class Names:
     settled: str
     settled_expiry: str
     outbox: str
+    tenants: str
+    tenants_ready: str
+    groups_ready_by_tenant: str
+    groups_by_tenant: str
     retired: str
     """Schema v1 only (its job is done by the empty rows of `groups` since v2)."""
 
@@ -186,6 +190,10 @@ class Names:
             settled=p + "settled",
             settled_expiry=p + "settled_expiry",
             outbox=p + "outbox",
+            tenants=p + "tenants",
+            tenants_ready=p + "tenants_ready",
+            groups_ready_by_tenant=p + "groups_ready_by_tenant",
+            groups_by_tenant=p + "groups_by_tenant",
             retired=p + "retired",
         )
 
@@ -201,6 +209,7 @@ class Names:
             self.schedules,
             self.settled,
             self.outbox,
+            self.tenants,
         )
 
 
@@ -329,6 +338,7 @@ def create(n: Names) -> Batch:
         f"INSERT OR IGNORE INTO {n.meta} (key, value) VALUES ('turn', 0), ('mark', 0), "
         f"('expired', 0)"
     )
+    _to_v4(b, n)
     _set_version(b, n, SCHEMA_VERSION)
     return b.build()
 
@@ -423,8 +433,62 @@ def _to_v3(b: _Builder, n: Names) -> None:
         b.add(statement)
 
 
+def _to_v4(b: _Builder, n: Names) -> None:
+    """v3 -> v4: tenants. Each group belongs to a tenant (`groups.tenant`, '' the default);
+    `tenants` holds each tenant's weight, its virtual time `vt` (the fair share's clock) and
+    `ready`, how many of its groups are claimable now, kept exact by triggers on `groups`
+    (every statement that makes a group claimable or not, now and later, counts without
+    knowing it), so a claim finds the tenants with work through one small index. A tenant
+    that gets claimable work again after having none starts at the queue's virtual time
+    (`meta.vtime`): an idle tenant banks no credit. `meta.tenant_sep`: the code point
+    of the character whose first occurrence ends a group id's tenant part (0: none). Also a
+    `tenant` column on the outbox. The all-ready index gives way to one per tenant."""
+    b.add(f"ALTER TABLE {n.groups} ADD COLUMN tenant TEXT NOT NULL DEFAULT ''")
+    b.add(f"ALTER TABLE {n.outbox} ADD COLUMN tenant TEXT")
+    b.add(f"DROP INDEX {n.groups_ready}")
+    b.add(
+        f"CREATE INDEX {n.groups_ready_by_tenant} ON {n.groups} (tenant, turn) "
+        f"WHERE ready = 1 AND held = 0"
+    )
+    b.add(f"CREATE INDEX {n.groups_by_tenant} ON {n.groups} (tenant)")
+    b.add(
+        f"CREATE TABLE {n.tenants} (name TEXT PRIMARY KEY, weight REAL NOT NULL DEFAULT 1, "
+        f"vt REAL NOT NULL DEFAULT 0, ready INTEGER NOT NULL DEFAULT 0)"
+    )
+    b.add(f"CREATE INDEX {n.tenants_ready} ON {n.tenants} (vt) WHERE ready > 0")
+    b.add(
+        f"INSERT INTO {n.tenants} (name, ready) SELECT '', count(*) FROM {n.groups} "
+        f"WHERE ready = 1 AND held = 0"
+    )
+    b.add(f"INSERT OR IGNORE INTO {n.meta} (key, value) VALUES ('vtime', 0), ('tenant_sep', 0)")
+    claimable = "{row}.ready = 1 AND {row}.held = 0"
+    gains = (
+        f"INSERT INTO {n.tenants} (name, ready, vt) SELECT new.tenant, 1, (SELECT value FROM "
+        f"{n.meta} WHERE \"key\" = 'vtime') WHERE {claimable.format(row='new')} "
+        f"ON CONFLICT (name) DO UPDATE SET vt = CASE WHEN ready = 0 THEN max(vt, excluded.vt) "
+        f"ELSE vt END, ready = ready + 1;"
+    )
+    loses = (
+        f"UPDATE {n.tenants} SET ready = ready - 1 WHERE name = old.tenant "
+        f"AND {claimable.format(row='old')};"
+    )
+    b.add(
+        f"CREATE TRIGGER {n.groups}_in AFTER INSERT ON {n.groups} "
+        f"WHEN {claimable.format(row='new')} BEGIN {gains} END"
+    )
+    b.add(
+        f"CREATE TRIGGER {n.groups}_up AFTER UPDATE OF ready, held, tenant ON {n.groups} "
+        f"WHEN ({claimable.format(row='old')}) != ({claimable.format(row='new')}) "
+        f"OR old.tenant != new.tenant BEGIN {loses} {gains} END"
+    )
+    b.add(
+        f"CREATE TRIGGER {n.groups}_out AFTER DELETE ON {n.groups} "
+        f"WHEN {claimable.format(row='old')} BEGIN {loses} END"
+    )
+
+
 # Each step takes a database from the version before it to its own.
-MIGRATIONS = {2: _to_v2, 3: _to_v3}
+MIGRATIONS = {2: _to_v2, 3: _to_v3, 4: _to_v4}
 
 
 def migrate(n: Names, version: int) -> Batch:
@@ -455,6 +519,21 @@ class NewMessage:
     """Not delivered before (epoch seconds; 0: at once)."""
     expires: float | None = None
     """Dead-lettered instead of delivered after (None: never)."""
+    tenant: str | None = None
+    """The tenant of the group this message creates or refills (None: the queue's rule's,
+    or the default tenant '')."""
+
+    def row(self) -> list[Any]:
+        """As a JSON item of the statements that insert messages (fields 0-6, see `_item`)."""
+        return [
+            self.group_id,
+            self.event,
+            self.priority,
+            self.dedup_id,
+            self.due,
+            self.expires,
+            self.tenant,
+        ]
 
 
 def publish(
@@ -471,9 +550,7 @@ def publish(
     seqs of deduplicated messages (new or earlier) are read back. `messages` must not repeat a
     dedup id (the core folds repeats). `prune_before`: first forget dedup ids that expired
     before it."""
-    items = _json(
-        [[m.group_id, m.event, m.priority, m.dedup_id, m.due, m.expires] for m in messages]
-    )
+    items = _json([m.row() for m in messages])
     b = _Builder()
     if prune_before is not None:
         b.add(f"DELETE FROM {n.dedup} WHERE expires_at < :t", {"t": prune_before})
@@ -498,10 +575,20 @@ def _insert_messages(
     dedup_until: float,
     condition: str,
 ) -> None:
-    """Insert `items` (a JSON array: group, event, priority, dedup id, due, expires, ...),
-    those for which `condition` holds (an SQL expression over `j`), and create or refill
-    their groups' rows."""
+    """Insert `items` (a JSON array: group, event, priority, dedup id, due, expires, tenant,
+    ...), those for which `condition` holds (an SQL expression over `j`), and create or
+    refill their groups' rows."""
     deduplicated = any(m.dedup_id is not None for m in messages)
+    if any(m.tenant is not None for m in messages):
+        # A group's tenant never changes while it has messages: an item naming another one
+        # fails the transaction (TENANT_CHANGE_ERROR: the weight of the default tenant's row
+        # set to NULL, which NOT NULL refuses).
+        b.add(
+            f"UPDATE {n.tenants} SET weight = NULL WHERE name = '' AND EXISTS (SELECT 1 "
+            f"FROM json_each(:items) j JOIN {n.groups} g ON g.group_id = {_item(0)} "
+            f"AND g.ready != 2 AND g.tenant != {_item(6)} WHERE {condition})",
+            {"items": items},
+        )
     if deduplicated:
         # Rows inserted below have seqs above the last one ever given (AUTOINCREMENT).
         b.add(
@@ -533,17 +620,19 @@ def _insert_messages(
     # Only the items inserted now create or refill their group's row (a duplicate must not
     # bring back a group that has since emptied, nor set a priority); of those, the first of
     # each group (the ones after it would find its row refilled and change nothing).
+    # (An item without a dedup id finds no row: the coalesce lets it through.)
     inserted_now = (
-        f"({_item(3)} IS NULL OR (SELECT seq FROM {n.dedup} WHERE dedup_id = {_item(3)}) > "
-        f"(SELECT value FROM {n.meta} WHERE \"key\" = 'mark'))"
+        f"coalesce((SELECT seq FROM {n.dedup} WHERE dedup_id = {_item(3)}), 9e18) > "
+        f"(SELECT value FROM {n.meta} WHERE \"key\" = 'mark')"
         if deduplicated
         else "true"
     )
+    where = " AND ".join(c for c in (condition, inserted_now) if c != "true") or "true"
     b.add(
         _UPSERT_GROUP.format(
             n=n,
-            rows=f"min(j.key), {_item(0)}, {_item(2)}, {_item(4)} FROM json_each(:items) j "
-            f"WHERE {condition} AND {inserted_now} GROUP BY 2",
+            rows=f"min(j.key), {_item(0)}, {_item(2)}, {_item(4)}, {_item(6)} FROM "
+            f"json_each(:items) j WHERE {where} GROUP BY 2",
         ),
         {"items": items, "now": now},
     )
@@ -561,16 +650,20 @@ def _forget_expired(b: _Builder, n: Names, groups: str, params: dict[str, Any], 
 
 
 # A group's row, created (turn 0: never claimed) or brought back from empty (its turn and place
-# kept), at the priority of the publish that does it; a row with messages keeps its priority.
-# `{rows}` selects (group id, priority, due of the message that becomes its head): a head due
-# later makes the group wait until then (parked = 2), as a park does.
+# kept), at the priority and in the tenant of the publish that does it; a row with messages
+# keeps both. `{rows}` selects (order, group id, priority, due of the message that becomes its
+# head, tenant or NULL): a head due later makes the group wait until then (parked = 2), as a
+# park does. No tenant given: the part of the group id before the queue's tenant separator, if
+# one is set and the part is not empty; else the default tenant ''.
 _UPSERT_GROUP = (
-    "WITH x(k, g, p, d) AS (SELECT {rows}) "
-    "INSERT INTO {n.groups} (group_id, priority, ready, until, parked) "
-    "SELECT g, p, d <= :now, CASE WHEN d > :now THEN d ELSE 0 END, "
-    "CASE WHEN d > :now THEN 2 ELSE 0 END FROM x WHERE true ORDER BY k "
+    "WITH x(k, g, p, d, t) AS (SELECT {rows}), y AS (SELECT *, instr(g, (SELECT char(value) "
+    "FROM {n.meta} WHERE \"key\" = 'tenant_sep')) i FROM x) "
+    "INSERT INTO {n.groups} (group_id, priority, ready, until, parked, tenant) "
+    "SELECT g, p, d <= :now, iif(d > :now, d, 0), 2 * (d > :now), "
+    "coalesce(t, iif(i > 1, substr(g, 1, i - 1), '')) FROM y WHERE true ORDER BY k "
     "ON CONFLICT (group_id) DO UPDATE SET ready = excluded.ready, until = excluded.until, "
-    "parked = excluded.parked, priority = excluded.priority WHERE ready = 2"
+    "parked = excluded.parked, priority = excluded.priority, tenant = excluded.tenant "
+    "WHERE ready = 2"
 )
 
 
@@ -732,26 +825,21 @@ def _follow_ups(b: _Builder, n: Names, s: Settle, now: float) -> None:
     """The follow-ups of settlements, each published (or written to the outbox) only if its
     lease holds: placed before the settlements change the leases. A resend after the first
     send applied finds the lease gone and publishes nothing again."""
-    lease = f"EXISTS (SELECT 1 FROM {n.groups} g WHERE {_holds(alias='j', groups='g', at=6)})"
+    lease = f"EXISTS (SELECT 1 FROM {n.groups} g WHERE {_holds(alias='j', groups='g', at=7)})"
     if s.outboxed:
-        items = _json(
-            [[m.group_id, m.event, m.priority, m.dedup_id, m.due, m.expires, *h.key()]
-             for h, m in s.outboxed]
-        )  # fmt: skip
+        items = _json([[*m.row(), *h.key()] for h, m in s.outboxed])
         b.add(
             f"INSERT INTO {n.outbox} (group_id, event, priority, dedup_id, due, expires, "
-            f"created_at) SELECT {_item(0)}, {_item(1)}, {_item(2)}, {_item(3)}, {_item(4)}, "
-            f"{_item(5)}, :now FROM json_each(:o) j WHERE {lease} ORDER BY j.key",
+            f"tenant, created_at) SELECT {_item(0)}, {_item(1)}, {_item(2)}, {_item(3)}, "
+            f"{_item(4)}, {_item(5)}, {_item(6)}, :now FROM json_each(:o) j WHERE {lease} "
+            f"ORDER BY j.key",
             {"o": items, "now": now},
             slot="outboxed",
         )
     if not s.follow_ups:
         return
     messages = [m for _, m in s.follow_ups]
-    items = _json(
-        [[m.group_id, m.event, m.priority, m.dedup_id, m.due, m.expires, *h.key()]
-         for h, m in s.follow_ups]
-    )  # fmt: skip
+    items = _json([[*m.row(), *h.key()] for h, m in s.follow_ups])
     _insert_messages(b, n, messages, items, now, s.dedup_until, lease)
 
 
@@ -836,10 +924,16 @@ def _claim(b: _Builder, n: Names, c: Claim, now: float, returning: bool) -> None
     mine = {"u": c.until, "k": c.token}
     ready = ""
     if c.min_priority == 0:
-        # Every claimable group, in round-robin order: one probe of the all-ready index.
+        # Weighted fair share between tenants (stride scheduling): a tenant's k-th group in
+        # round-robin order (its own index) is due at virtual time vt + (k - 1) / weight; the
+        # claim takes the `n` groups due first (ties: round-robin order). Only the `n` tenants
+        # with work and the least `vt` can hold them, and each at most `n`.
         pick = (
-            f"SELECT rowid FROM {n.groups} WHERE ready = 1 AND held = 0 "
-            f"ORDER BY turn, rowid LIMIT :n"
+            f"SELECT i FROM (SELECT g.rowid i, g.turn u, t.vt + (row_number() OVER (PARTITION "
+            f"BY t.name ORDER BY g.turn, g.rowid) - 1) / t.weight v FROM (SELECT name, vt, "
+            f"weight FROM {n.tenants} WHERE ready > 0 ORDER BY vt LIMIT :n) t JOIN {n.groups} "
+            f"g ON g.rowid IN (SELECT rowid FROM {n.groups} WHERE tenant = t.name AND "
+            f"ready = 1 AND held = 0 ORDER BY turn, rowid LIMIT :n)) ORDER BY v, u, i LIMIT :n"
         )
     else:
         # One probe of the per-priority index for each level >= the floor, each already in
@@ -877,6 +971,21 @@ def _claim(b: _Builder, n: Names, c: Claim, now: float, returning: bool) -> None
         + (f" RETURNING {heads}" if returning else ""),
         {**mine, "n": c.count},
         slot="leased" if returning else None,
+    )
+    # Each tenant's clock moves on by what it was given (1 / weight a group), and the
+    # queue's to the latest due time served; a resend (its token known) moves nothing.
+    taken = f"SELECT tenant FROM {g} WHERE ready = 0 AND until = :u AND token = :k"
+    first_send = f"NOT EXISTS (SELECT 1 FROM {n.claims} WHERE token IN (:k, ''))"
+    b.add(
+        f"UPDATE {n.tenants} SET vt = vt + (SELECT count(*) FROM ({taken}) "
+        f"WHERE tenant = name) / weight WHERE name IN ({taken}) AND {first_send}",
+        mine,
+    )
+    b.add(
+        f"UPDATE {n.meta} SET value = max(value, (SELECT max(vt - 1 / weight) FROM "
+        f"{n.tenants} WHERE name IN ({taken}))) WHERE \"key\" = 'vtime' AND {first_send} "
+        f"AND EXISTS ({taken})",
+        mine,
     )
     b.add(
         f"INSERT OR IGNORE INTO {n.claims} (token, expires_at) VALUES (:k, :e)",
@@ -953,7 +1062,7 @@ def probe(n: Names, *, min_priority: int) -> Batch:
     first = (
         f"(SELECT min(priority) FROM {n.groups} WHERE ready = 1 AND held = 0 AND priority >= :p)"
         if min_priority
-        else f"(SELECT min(turn) FROM {n.groups} WHERE ready = 1 AND held = 0)"
+        else f"(SELECT min(vt) FROM {n.tenants} WHERE ready > 0)"
     )
     b = _Builder(write=False, local=True)
     b.add(
@@ -999,6 +1108,62 @@ def release(n: Names, group_id: str) -> Batch:
         slot="released",
     )
     return b.build()
+
+
+# ------------------------------------------------------------------------------ tenants
+
+TENANT_CHANGE_ERROR = "NOT NULL constraint failed: {tenants}.weight"
+"""How a publish fails when an item names a tenant other than its group's (see
+`_insert_messages`)."""
+
+
+def set_tenant(n: Names, name: str, *, weight: float) -> Batch:
+    """Store a tenant's weight (a tenant not stored weighs 1)."""
+    b = _Builder()
+    b.add(
+        f"INSERT INTO {n.tenants} (name, weight, vt) VALUES ({_TEXT.format(name='t')}, :w, "
+        f"(SELECT value FROM {n.meta} WHERE \"key\" = 'vtime')) "
+        f"ON CONFLICT (name) DO UPDATE SET weight = excluded.weight",
+        {"t": _json(name), "w": weight},
+    )
+    return b.build()
+
+
+def set_tenant_separator(n: Names, separator: str | None) -> Batch:
+    """Groups created from now on without a tenant take the part of their id before the
+    first `separator` (None: the default tenant)."""
+    b = _Builder()
+    b.add(
+        f"UPDATE {n.meta} SET value = :c WHERE \"key\" = 'tenant_sep'",
+        {"c": 0 if separator is None else ord(separator)},
+    )
+    return b.build()
+
+
+def list_tenants(n: Names, *, now: float, limit: int, after: str | None) -> Batch:
+    """A page of the tenants (stored ones: every tenant that had a group claimable, or was
+    given a weight), by name after `after`, with their weight, claimable groups, groups with
+    messages, leases in flight and messages (counted through the index of groups by tenant)."""
+    mine = f"FROM {n.groups} g WHERE g.tenant = t.name AND g.ready != 2"
+    b = _Builder(write=False)
+    b.add(
+        f"SELECT t.name, t.weight, t.ready, (SELECT count(*) {mine}), (SELECT count(*) {mine} "
+        f"AND g.ready = 0 AND g.parked = 0 AND g.token IS NOT NULL AND g.until > :now), "
+        f"(SELECT count(*) FROM {n.messages} m WHERE m.group_id IN (SELECT g.group_id {mine}))"
+        f" FROM {n.tenants} t WHERE "
+        + ("true" if after is None else f"t.name > {_TEXT.format(name='a')}")
+        + " ORDER BY t.name LIMIT :limit",
+        {"now": now, "limit": limit, **({} if after is None else {"a": _json(after)})},
+        slot="tenants",
+    )
+    return b.build()
+
+
+def read_tenants(reply: Reply) -> list[TenantInfo]:
+    return [
+        TenantInfo(str(r[0]), float(r[1]), int(r[2]), int(r[3]), int(r[4]), int(r[5]))
+        for r in reply["tenants"].rows
+    ]
 
 
 # A group's state for operators: `held` first (whatever else holds), then its lease, park or
@@ -1145,7 +1310,8 @@ def requeue_dead(n: Names, seqs: Sequence[int] | None, *, now: float) -> Batch:
     b.add(
         _UPSERT_GROUP.format(
             n=n,
-            rows=f"min(seq), group_id, max(priority), 0 FROM {n.dead} {where} GROUP BY group_id",
+            rows=f"min(seq), group_id, max(priority), 0, NULL FROM {n.dead} {where} "
+            f"GROUP BY group_id",
         ),
         {**params, "now": now},
     )
@@ -1275,7 +1441,7 @@ def fire(n: Names, fires: Sequence[Fire], *, now: float) -> Batch:
     )
     b.add(
         _UPSERT_GROUP.format(
-            n=n, rows=f"f.key, s.group_id, s.priority, 0 FROM json_each(:fires) f {due}"
+            n=n, rows=f"f.key, s.group_id, s.priority, 0, NULL FROM json_each(:fires) f {due}"
         ),
         {"fires": items, "now": now},
     )
@@ -1479,7 +1645,7 @@ def read_outbox(n: Names, *, limit: int) -> Batch:
     leader's own copy: a row committed a moment ago may be missed, and is found next time)."""
     b = _Builder(write=False, local=True)
     b.add(
-        f"SELECT id, group_id, event, priority, dedup_id, due, expires FROM {n.outbox} "
+        f"SELECT id, group_id, event, priority, dedup_id, due, expires, tenant FROM {n.outbox} "
         f"ORDER BY id LIMIT :n",
         {"n": limit},
         slot="outbox",
@@ -1498,6 +1664,7 @@ def outbox_rows(reply: Reply) -> list[OutboxRow]:
                 None if r[4] is None else str(r[4]),
                 float(r[5]),
                 None if r[6] is None else float(r[6]),
+                None if r[7] is None else str(r[7]),
             ),
         )
         for r in reply["outbox"].rows

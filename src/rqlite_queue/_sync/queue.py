@@ -44,6 +44,7 @@ from ..types import (
     Schedule,
     ShardStatus,
     Stats,
+    TenantInfo,
 )
 from .cluster import Backend, ClusterRouter
 from .shards import DEFAULT_CLAIM_DEADLINE, ShardRouter
@@ -153,6 +154,7 @@ class Transport:
         delay: float | None = None,
         not_before: float | None = None,
         ttl: float | None = None,
+        tenant: str | None = None,
         connection: object = None,
     ) -> int:
         """Append `event` to `group_id`'s FIFO; returns its seq. `priority` (0-4) is fixed by
@@ -162,7 +164,10 @@ class Transport:
         `delay` (seconds) or `not_before` (epoch seconds): not delivered before then; FIFO is
         kept, so the messages published after it in its group wait too. `ttl` (seconds): if it
         is not delivered within them, it is moved to the dead letters (reason `expired`)
-        instead, and its group moves on.
+        instead, and its group moves on. `tenant`: the tenant of the group, if this publish
+        creates it (or refills it); naming another tenant for a group that has messages
+        raises `TenantMismatch`. Without it, the queue's tenant rule (`set_tenant_rule`)
+        or the default tenant decides.
 
         `connection` (the embedded queue): a `sqlite3.Connection` of the caller's to the
         queue's file, with a transaction open; the publish runs in that transaction, and
@@ -175,6 +180,7 @@ class Transport:
             delay=delay,
             not_before=not_before,
             ttl=ttl,
+            tenant=tenant,
         )
         return (self._publish([message], connection))[0]
 
@@ -425,6 +431,26 @@ class Transport:
         priority, whatever the publish says."""
         plan = self._core.set_priority(group_id, priority)
         return self.router.on_group(group_id, plan, self._by())
+
+    def set_tenant(self, name: str, *, weight: float = 1.0) -> None:
+        """Set a tenant's weight: while several tenants have claimable work, claims without a
+        priority floor are shared between them in proportion to their weights, whatever
+        number of groups each has (`name` '' is the default tenant). On a sharded queue, on
+        every shard (each shares its own claims)."""
+        self.router.everywhere(self._core.set_tenant(name, weight), self._by(), "set_tenant")
+
+    def set_tenant_rule(self, separator: str | None) -> None:
+        """Groups created from now on without `tenant=` belong to the part of their id before
+        the first `separator` (one character; e.g. ':' puts "acme:order-7" in tenant "acme");
+        None: to the default tenant. Stored in the queue: every client follows it."""
+        plan = self._core.set_tenant_separator(separator)
+        self.router.everywhere(plan, self._by(), "set_tenant_rule")
+
+    def tenants(self, *, limit: int = 100, after: str | None = None) -> list[TenantInfo]:
+        """A page of the tenants, by name (the default tenant, '', first): weight, claimable
+        groups, groups with messages, leases in flight, messages."""
+        plan = self._core.tenants(limit, after)
+        return self.router.gather(plan, self._by(), sharding.tenants_of(limit))
 
     def pause(self) -> None:
         """Claims of this queue take nothing until `resume()`, from every client (publishes go
