@@ -27,12 +27,15 @@ BACKLOG = 20_000
 # scans of a subquery's few rows ("SCAN (subquery-2)"), of a constant row, of the JSON array a
 # batch binds (its own items: "SCAN j VIRTUAL TABLE", or rows made of them: "SCAN x"), of
 # SQLite's `sqlite_sequence` (one row per queue in the database: a publish reads its last seq
-# there), the walk of the index of tenants with claimable work in its own order under a LIMIT
-# (claim without a priority floor), which stops after `count` rows, and the scan of the few
-# tenants it found ("SCAN t": `test_claim_cost_is_flat` measures both), and the walk of the
-# groups' primary key in its own order under a LIMIT (a page of `groups()`).
+# there), the walk of the all-ready index in its own order under a LIMIT (claim without a
+# priority floor), which stops after `count` rows; with tenants on, the walk of the index of
+# tenants with claimable work in its own order under a LIMIT and the scan of the few tenants
+# it found ("SCAN t"); the one-time scans that turn tenants on, behind the flag's row, empty
+# from then on ("all_groups", "all_tenants"; `test_claim_cost_is_flat` measures all of them);
+# and the walk of the groups' primary key in its own order under a LIMIT (a page of `groups()`).
 FULL_SCAN = re.compile(
-    r"^SCAN (?!\(|CONSTANT ROW|\w VIRTUAL TABLE|x$|t$|sqlite_sequence$"
+    r"^SCAN (?!\(|CONSTANT ROW|\w VIRTUAL TABLE|x$|t$|sqlite_sequence$|all_groups\b|all_tenants\b"
+    r"|rq_\w+_groups USING INDEX rq_\w+_groups_ready$"
     r"|rq_\w+_tenants USING INDEX rq_\w+_tenants_ready$"
     r"|g USING INDEX sqlite_autoindex_rq_\w+_groups_1$)"
 )
@@ -48,8 +51,11 @@ def hot_batches(n: sql.Names) -> dict[str, sql.Batch]:
     dedup = sql.NewMessage("g", "{}", 0, "dedup-id")
     mixed = [sql.NewMessage(f"g{i}", "{}", i % 5, f"d{i}" if i % 2 else None) for i in range(100)]
 
-    def claim(count: int, floor: int = 0, settle: sql.Settle = NO_SETTLE) -> sql.Batch:
-        return sql.round_trip(n, now=5.0, settle=settle, claim=sql.Claim("t", 10.0, count, floor))
+    def claim(
+        count: int, floor: int = 0, settle: sql.Settle = NO_SETTLE, fair: bool = False
+    ) -> sql.Batch:
+        claim = sql.Claim("t", 10.0, count, floor, fair)
+        return sql.round_trip(n, now=5.0, settle=settle, claim=claim)
 
     def settle(**parts: Any) -> sql.Batch:
         return sql.round_trip(n, now=1.0, settle=sql.Settle(**parts))
@@ -61,6 +67,9 @@ def hot_batches(n: sql.Names) -> dict[str, sql.Batch]:
         "claim": claim(1),
         "claim_many": claim(32),
         "claim min_priority=4": claim(1, 4),
+        "claim, tenants on": claim(1, fair=True),
+        "claim_many, tenants on": claim(32, fair=True),
+        "claim min_priority=4, tenants on": claim(1, 4, fair=True),
         "settle 32 and claim 32": claim(
             32, settle=sql.Settle(finish=many[:16], give_back=[(many[16], 9.0)], extend=many[17:])
         ),

@@ -93,6 +93,8 @@ class Plan(Generic[T]):
     lease_for: float | None = None
     """The visibility of the leases this plan takes or extends: the backend that runs it
     first checks that its cluster's clock is close enough to this client's for them."""
+    tenants_on: bool = False
+    """Once applied, the queue's tenants are on (its claims share by weight from then on)."""
 
 
 class QueueCore:
@@ -255,7 +257,8 @@ class QueueCore:
 
         # Only dedup ids make a second send harmless: it then finds the ids and inserts nothing.
         every_message_deduplicated = all(m.dedup_id is not None for m in messages)
-        return Plan(batch, read, read if every_message_deduplicated else None)
+        named = any(m.tenant is not None for m in unique)
+        return Plan(batch, read, read if every_message_deduplicated else None, tenants_on=named)
 
     def _dedup_id(self, event: Any) -> str | None:
         if self.dedup_key is None:
@@ -295,20 +298,28 @@ class QueueCore:
         self._now()
         return checked
 
-    def round(self, checked: CheckedRound) -> Plan[Round]:
+    def round(
+        self,
+        checked: CheckedRound,
+        fair: bool = False,
+        learn: Callable[[bool], None] | None = None,
+    ) -> Plan[Round]:
         """Settle leases and claim up to `n` new ones, in one transaction (see `sql.round_trip`).
 
         Resending after an unknown outcome is safe, and its outcome exact: the claim returns
         what the first send took (same token); a settlement that an earlier send applied finds
         its record (`sql.Settle`, table `settled`) and is not reported lost; one whose lease
         went to another holder is; an extension never releases its lease, so one found gone
-        was taken over."""
+        was taken over. `fair`: the claim shares between tenants by weight (their cluster has
+        them on); `learn` is told whether it has, when the claim's rows say."""
         now = self._now()
         settling = [s for s in checked.settlements if not s.repeat]
         extends = [s for s in settling if s.kind == EXTEND]
         until = now + checked.visibility
         token = f"{checked.worker_id}:{self.token()}" if checked.n else ""
-        claim = sql.Claim(token, until, checked.n, checked.min_priority) if checked.n else None
+        claim = (
+            sql.Claim(token, until, checked.n, checked.min_priority, fair) if checked.n else None
+        )
         by_held = {id(s.held): s for s in settling}
         finish = [s for s in settling if s.kind == FINISH]
         settle = sql.Settle(
@@ -340,6 +351,9 @@ class QueueCore:
                 # rqlite ran the claim but kept none of its RETURNING rows (its SQL parser did
                 # not take the statement): the resend form reads what the token took.
                 raise OutcomeUnknown("rqlite dropped the rows of a claim's RETURNING")
+            tenants_on = sql.read_tenants_on(reply)
+            if learn is not None and tenants_on is not None:
+                learn(tenants_on)
             lost_settlements = [by_held[id(h)] for h in sql.read_lost(reply, settle)]
             lost = [s.lease for s in sorted([*lost_settlements, *repeats], key=_by_index)]
             lost_ids = {id(s) for s in lost_settlements}
@@ -364,7 +378,8 @@ class QueueCore:
             )
 
         lease_for = checked.visibility if checked.n or extends else None
-        return Plan(batch, read, read, resend, lease_for)
+        named = any(m.tenant is not None for _, m in settle.follow_ups)
+        return Plan(batch, read, read, resend, lease_for, tenants_on=named)
 
     def round_of(self, spec: RoundSpec) -> Plan[Round]:
         """`round(check_round(spec))`: the plan of a round on one cluster."""
@@ -378,13 +393,17 @@ class QueueCore:
         except Exception as exc:  # a codec's own bug
             raise DecodeError(f"the codec could not decode a stored payload: {show(exc)}") from exc
 
-    def probe(self, min_priority: int) -> Plan[Probe]:
+    def probe(self, min_priority: int, learn: Callable[[bool], None] | None = None) -> Plan[Probe]:
         check_int(min_priority, "min_priority", 0, MAX_PRIORITY)
         self._now()
-        return Plan(
-            sql.probe(self.names, min_priority=min_priority),
-            lambda reply: Probe(*sql.read_probe(reply)),
-        )
+
+        def read(reply: sql.Reply) -> Probe:
+            tenants_on = sql.read_tenants_on(reply)
+            if learn is not None and tenants_on is not None:
+                learn(tenants_on)
+            return Probe(*sql.read_probe(reply))
+
+        return Plan(sql.probe(self.names, min_priority=min_priority), read)
 
     # ------------------------------------------------------------------ holds
 
@@ -475,7 +494,7 @@ class QueueCore:
         tenant = "" if name == "" else check_tenant(name)
         batch = sql.set_tenant(self.names, tenant, weight=check_weight(weight))
         self._now()
-        return Plan(batch, _nothing, _nothing)
+        return Plan(batch, _nothing, _nothing, tenants_on=True)
 
     def set_tenant_separator(self, separator: object) -> Plan[None]:
         if separator is not None and (
@@ -485,7 +504,8 @@ class QueueCore:
                 f"the tenant separator is one character (or None), got {show(separator)}"
             )
         self._now()
-        return Plan(sql.set_tenant_separator(self.names, separator), _nothing, _nothing)
+        batch = sql.set_tenant_separator(self.names, separator)
+        return Plan(batch, _nothing, _nothing, tenants_on=True)
 
     def tenants(self, limit: int, after: object) -> Plan[list[TenantInfo]]:
         check_int(limit, "limit", 1, MAX_BATCH)
@@ -694,7 +714,7 @@ class QueueCore:
                 )
             ]
         batch = sql.guarded(plan.batch, [*first, *statements])
-        return Plan(batch, plan.read, plan.read if first else None)
+        return Plan(batch, plan.read, plan.read if first else None, tenants_on=plan.tenants_on)
 
     def is_done_transaction(self, error: QueueError) -> bool:
         """Whether a transaction failed because it applied already (its id is remembered)."""

@@ -438,14 +438,15 @@ def _to_v4(b: _Builder, n: Names) -> None:
     `tenants` holds each tenant's weight, its virtual time `vt` (the fair share's clock) and
     `ready`, how many of its groups are claimable now, kept exact by triggers on `groups`
     (every statement that makes a group claimable or not, now and later, counts without
-    knowing it), so a claim finds the tenants with work through one small index. A tenant
+    knowing it), so a claim finds the tenants with work through one small index; they count
+    only once tenants are on (`meta.tenants`, see `tenants_on`), so a queue that never uses
+    them pays for a trigger's test and nothing else. A tenant
     that gets claimable work again after having none starts at the queue's virtual time
     (`meta.vtime`): an idle tenant banks no credit. `meta.tenant_sep`: the code point
     of the character whose first occurrence ends a group id's tenant part (0: none). Also a
-    `tenant` column on the outbox. The all-ready index gives way to one per tenant."""
+    `tenant` column on the outbox, and an index of claimable groups per tenant."""
     b.add(f"ALTER TABLE {n.groups} ADD COLUMN tenant TEXT NOT NULL DEFAULT ''")
     b.add(f"ALTER TABLE {n.outbox} ADD COLUMN tenant TEXT")
-    b.add(f"DROP INDEX {n.groups_ready}")
     b.add(
         f"CREATE INDEX {n.groups_ready_by_tenant} ON {n.groups} (tenant, turn) "
         f"WHERE ready = 1 AND held = 0"
@@ -456,12 +457,13 @@ def _to_v4(b: _Builder, n: Names) -> None:
         f"vt REAL NOT NULL DEFAULT 0, ready INTEGER NOT NULL DEFAULT 0)"
     )
     b.add(f"CREATE INDEX {n.tenants_ready} ON {n.tenants} (vt) WHERE ready > 0")
+    b.add(f"INSERT INTO {n.tenants} (name) VALUES ('')")
     b.add(
-        f"INSERT INTO {n.tenants} (name, ready) SELECT '', count(*) FROM {n.groups} "
-        f"WHERE ready = 1 AND held = 0"
+        f"INSERT OR IGNORE INTO {n.meta} (key, value) VALUES ('vtime', 0), ('tenant_sep', 0), "
+        f"('tenants', 0)"
     )
-    b.add(f"INSERT OR IGNORE INTO {n.meta} (key, value) VALUES ('vtime', 0), ('tenant_sep', 0)")
     claimable = "{row}.ready = 1 AND {row}.held = 0"
+    on = f"(SELECT value FROM {n.meta} WHERE \"key\" = 'tenants') = 1"
     gains = (
         f"INSERT INTO {n.tenants} (name, ready, vt) SELECT new.tenant, 1, (SELECT value FROM "
         f"{n.meta} WHERE \"key\" = 'vtime') WHERE {claimable.format(row='new')} "
@@ -474,16 +476,16 @@ def _to_v4(b: _Builder, n: Names) -> None:
     )
     b.add(
         f"CREATE TRIGGER {n.groups}_in AFTER INSERT ON {n.groups} "
-        f"WHEN {claimable.format(row='new')} BEGIN {gains} END"
+        f"WHEN {claimable.format(row='new')} AND {on} BEGIN {gains} END"
     )
     b.add(
         f"CREATE TRIGGER {n.groups}_up AFTER UPDATE OF ready, held, tenant ON {n.groups} "
-        f"WHEN ({claimable.format(row='old')}) != ({claimable.format(row='new')}) "
-        f"OR old.tenant != new.tenant BEGIN {loses} {gains} END"
+        f"WHEN (({claimable.format(row='old')}) != ({claimable.format(row='new')}) "
+        f"OR old.tenant != new.tenant) AND {on} BEGIN {loses} {gains} END"
     )
     b.add(
         f"CREATE TRIGGER {n.groups}_out AFTER DELETE ON {n.groups} "
-        f"WHEN {claimable.format(row='old')} BEGIN {loses} END"
+        f"WHEN {claimable.format(row='old')} AND {on} BEGIN {loses} END"
     )
 
 
@@ -552,6 +554,9 @@ def publish(
     before it."""
     items = _json([m.row() for m in messages])
     b = _Builder()
+    if any(m.tenant is not None for m in messages):
+        for statement in tenants_on(n):
+            b.add(statement.sql, statement.params)
     if prune_before is not None:
         b.add(f"DELETE FROM {n.dedup} WHERE expires_at < :t", {"t": prune_before})
     _insert_messages(b, n, messages, items, now, dedup_until, "true")
@@ -776,6 +781,8 @@ class Claim:
     until: float
     count: int
     min_priority: int = 0
+    fair: bool = False
+    """Share between tenants by weight (the queue's tenants are on); else plain round-robin."""
 
 
 def round_trip(
@@ -839,6 +846,9 @@ def _follow_ups(b: _Builder, n: Names, s: Settle, now: float) -> None:
     if not s.follow_ups:
         return
     messages = [m for _, m in s.follow_ups]
+    if any(m.tenant is not None for m in messages):
+        for statement in tenants_on(n):
+            b.add(statement.sql, statement.params)
     items = _json([[*m.row(), *h.key()] for h, m in s.follow_ups])
     _insert_messages(b, n, messages, items, now, s.dedup_until, lease)
 
@@ -923,16 +933,23 @@ def _claim(b: _Builder, n: Names, c: Claim, now: float, returning: bool) -> None
     Tokens are remembered until RETIRE_WINDOW after their leases' deadline."""
     mine = {"u": c.until, "k": c.token}
     ready = ""
-    if c.min_priority == 0:
+    if c.min_priority == 0 and not c.fair:
+        # Every claimable group, in round-robin order: one probe of the all-ready index.
+        pick = (
+            f"SELECT rowid FROM {n.groups} WHERE ready = 1 AND held = 0 "
+            f"ORDER BY turn, rowid LIMIT :n"
+        )
+    elif c.min_priority == 0:
         # Weighted fair share between tenants (stride scheduling): a tenant's k-th group in
         # round-robin order (its own index) is due at virtual time vt + (k - 1) / weight; the
         # claim takes the `n` groups due first (ties: round-robin order). Only the `n` tenants
-        # with work and the least `vt` can hold them, and each at most `n`.
+        # with work and the least `vt` can hold them, and each at most `n`. (`_rowid_`, not
+        # `g.rowid`: rqlite's parser refuses a qualified `rowid`, and then drops RETURNING.)
         pick = (
-            f"SELECT i FROM (SELECT g.rowid i, g.turn u, t.vt + (row_number() OVER (PARTITION "
-            f"BY t.name ORDER BY g.turn, g.rowid) - 1) / t.weight v FROM (SELECT name, vt, "
+            f"SELECT i FROM (SELECT g._rowid_ i, g.turn u, t.vt + (row_number() OVER (PARTITION "
+            f"BY t.name ORDER BY g.turn, g._rowid_) - 1) / t.weight v FROM (SELECT name, vt, "
             f"weight FROM {n.tenants} WHERE ready > 0 ORDER BY vt LIMIT :n) t JOIN {n.groups} "
-            f"g ON g.rowid IN (SELECT rowid FROM {n.groups} WHERE tenant = t.name AND "
+            f"g ON g._rowid_ IN (SELECT rowid FROM {n.groups} WHERE tenant = t.name AND "
             f"ready = 1 AND held = 0 ORDER BY turn, rowid LIMIT :n)) ORDER BY v, u, i LIMIT :n"
         )
     else:
@@ -961,7 +978,8 @@ def _claim(b: _Builder, n: Names, c: Claim, now: float, returning: bool) -> None
     g = n.groups
     heads = (
         f"head, group_id, (SELECT event FROM {n.messages} WHERE seq = head), attempts, until, "
-        f"(SELECT expires FROM {n.messages} WHERE seq = head), rowid"
+        f"(SELECT expires FROM {n.messages} WHERE seq = head), rowid, "
+        f"(SELECT value FROM {n.meta} WHERE \"key\" = 'tenants')"
     )
     b.add(
         f"{ready}UPDATE {g} SET ready = 0, until = :u, token = :k, attempts = attempts + 1, "
@@ -972,9 +990,25 @@ def _claim(b: _Builder, n: Names, c: Claim, now: float, returning: bool) -> None
         {**mine, "n": c.count},
         slot="leased" if returning else None,
     )
-    # Each tenant's clock moves on by what it was given (1 / weight a group), and the
-    # queue's to the latest due time served; a resend (its token known) moves nothing.
     taken = f"SELECT tenant FROM {g} WHERE ready = 0 AND until = :u AND token = :k"
+    if c.fair:
+        _tenants_served(b, n, taken, mine)
+    b.add(
+        f"INSERT OR IGNORE INTO {n.claims} (token, expires_at) VALUES (:k, :e)",
+        {"k": c.token, "e": c.until + RETIRE_WINDOW},
+    )
+    if not returning:
+        # The heads of the groups this token holds (found through the busy index on `until`).
+        b.add(
+            f"SELECT {heads} FROM {g} WHERE ready = 0 AND until = :u AND token = :k",
+            mine,
+            slot="leased",
+        )
+
+
+def _tenants_served(b: _Builder, n: Names, taken: str, mine: dict[str, Any]) -> None:
+    """Each tenant's clock moves on by what it was given (1 / weight a group), and the
+    queue's to the latest due time served; a resend (its token known) moves nothing."""
     first_send = f"NOT EXISTS (SELECT 1 FROM {n.claims} WHERE token IN (:k, ''))"
     b.add(
         f"UPDATE {n.tenants} SET vt = vt + (SELECT count(*) FROM ({taken}) "
@@ -987,17 +1021,6 @@ def _claim(b: _Builder, n: Names, c: Claim, now: float, returning: bool) -> None
         f"AND EXISTS ({taken})",
         mine,
     )
-    b.add(
-        f"INSERT OR IGNORE INTO {n.claims} (token, expires_at) VALUES (:k, :e)",
-        {"k": c.token, "e": c.until + RETIRE_WINDOW},
-    )
-    if not returning:
-        # The heads of the groups this token holds (found through the busy index on `until`).
-        b.add(
-            f"SELECT {heads} FROM {g} WHERE ready = 0 AND until = :u AND token = :k",
-            mine,
-            slot="leased",
-        )
 
 
 def read_lost(reply: Reply, settle: Settle) -> list[Held]:
@@ -1062,13 +1085,14 @@ def probe(n: Names, *, min_priority: int) -> Batch:
     first = (
         f"(SELECT min(priority) FROM {n.groups} WHERE ready = 1 AND held = 0 AND priority >= :p)"
         if min_priority
-        else f"(SELECT min(vt) FROM {n.tenants} WHERE ready > 0)"
+        else f"(SELECT min(turn) FROM {n.groups} WHERE ready = 1 AND held = 0)"
     )
     b = _Builder(write=False, local=True)
     b.add(
         f"SELECT {first} IS NOT NULL AND NOT {_paused(n)}, "
         f"(SELECT min(until) FROM {n.groups} WHERE ready = 0), "
-        f"(SELECT min(next_at) FROM {n.schedules})",
+        f"(SELECT min(next_at) FROM {n.schedules}), "
+        f"(SELECT value FROM {n.meta} WHERE \"key\" = 'tenants')",
         {"p": min_priority} if min_priority else {},
         slot="probe",
     )
@@ -1076,8 +1100,16 @@ def probe(n: Names, *, min_priority: int) -> Batch:
 
 
 def read_probe(reply: Reply) -> tuple[bool, float | None, float | None]:
-    ready, due, tick = reply["probe"].rows[0]
+    ready, due, tick, _ = reply["probe"].rows[0]
     return bool(ready), _float_or_none(due), _float_or_none(tick)
+
+
+def read_tenants_on(reply: Reply) -> bool | None:
+    """Whether the queue's tenants are on, as a claim's rows or a probe said (None: no row
+    said it)."""
+    slot = "probe" if "probe" in reply else "leased"
+    rows = reply[slot].rows if slot in reply else []
+    return bool(rows[0][-1]) if rows else None
 
 
 def _float_or_none(value: Any) -> float | None:
@@ -1117,9 +1149,34 @@ TENANT_CHANGE_ERROR = "NOT NULL constraint failed: {tenants}.weight"
 `_insert_messages`)."""
 
 
+def tenants_on(n: Names) -> list[Statement]:
+    """Turn tenants on, once (each statement does nothing when they are on already): every
+    tenant of a group gets its row and its count of claimable groups, which the triggers keep
+    from then on, and claims of clients that learn it (the last column of the claim's rows and
+    of the probe) share by weight."""
+    # `f`: the flag's row while it is off, the outer loop of each statement: once they are
+    # on, it is empty and nothing is scanned.
+    off = "f.\"key\" = 'tenants' AND f.value = 0"
+    vtime = f"(SELECT value FROM {n.meta} WHERE \"key\" = 'vtime')"
+    return [
+        Statement(
+            f"INSERT OR IGNORE INTO {n.tenants} (name, vt) SELECT DISTINCT all_groups.tenant, "
+            f"{vtime} FROM {n.meta} f JOIN {n.groups} all_groups WHERE {off}"
+        ),
+        Statement(
+            f"UPDATE {n.tenants} SET ready = (SELECT count(*) FROM {n.groups} g WHERE "
+            f"g.tenant = name AND g.ready = 1 AND g.held = 0) WHERE name IN (SELECT "
+            f"all_tenants.name FROM {n.meta} f JOIN {n.tenants} all_tenants WHERE {off})"
+        ),
+        Statement(f"UPDATE {n.meta} SET value = 1 WHERE \"key\" = 'tenants'"),
+    ]
+
+
 def set_tenant(n: Names, name: str, *, weight: float) -> Batch:
     """Store a tenant's weight (a tenant not stored weighs 1)."""
     b = _Builder()
+    for statement in tenants_on(n):
+        b.add(statement.sql, statement.params)
     b.add(
         f"INSERT INTO {n.tenants} (name, weight, vt) VALUES ({_TEXT.format(name='t')}, :w, "
         f"(SELECT value FROM {n.meta} WHERE \"key\" = 'vtime')) "
@@ -1133,6 +1190,8 @@ def set_tenant_separator(n: Names, separator: str | None) -> Batch:
     """Groups created from now on without a tenant take the part of their id before the
     first `separator` (None: the default tenant)."""
     b = _Builder()
+    for statement in tenants_on(n):
+        b.add(statement.sql, statement.params)
     b.add(
         f"UPDATE {n.meta} SET value = :c WHERE \"key\" = 'tenant_sep'",
         {"c": 0 if separator is None else ord(separator)},
@@ -1147,7 +1206,8 @@ def list_tenants(n: Names, *, now: float, limit: int, after: str | None) -> Batc
     mine = f"FROM {n.groups} g WHERE g.tenant = t.name AND g.ready != 2"
     b = _Builder(write=False)
     b.add(
-        f"SELECT t.name, t.weight, t.ready, (SELECT count(*) {mine}), (SELECT count(*) {mine} "
+        f"SELECT t.name, t.weight, (SELECT count(*) {mine} AND g.ready = 1 AND g.held = 0), "
+        f"(SELECT count(*) {mine}), (SELECT count(*) {mine} "
         f"AND g.ready = 0 AND g.parked = 0 AND g.token IS NOT NULL AND g.until > :now), "
         f"(SELECT count(*) FROM {n.messages} m WHERE m.group_id IN (SELECT g.group_id {mine}))"
         f" FROM {n.tenants} t WHERE "

@@ -67,6 +67,12 @@ class Backend:
         """Batches sent again after an unknown outcome (for tests and metrics)."""
         self._idle: dict[int, bool] = {}
         self._closed = False
+        self.fair = False
+        """Whether this cluster's queue has tenants on (claims then share by weight): learnt
+        from claims' and probes' replies, and from calls that turn them on."""
+
+    def _learn(self, tenants_on: bool) -> None:
+        self.fair = tenants_on
 
     def setup(self, deadline: float) -> None:
         """Create the queue's tables if missing, or upgrade them, and check their version."""
@@ -92,7 +98,10 @@ class Backend:
         if plan.lease_for is not None:
             self.core.check_skew(self.skew(), plan.lease_for)
         try:
-            return self._send(plan, deadline)
+            result = self._send(plan, deadline)
+            if plan.tenants_on:
+                self.fair = True
+            return result
         except OutcomeUnknown:
             if plan.replay is None:
                 raise
@@ -154,7 +163,7 @@ class Backend:
         asks_first = probe_when_idle and not checked.settlements and self._idle.get(floor)
         if asks_first and not self._worth_claiming(floor, deadline):
             return Round()
-        plan = self.core.round(checked)
+        plan = self.core.round(checked, self.fair, self._learn)
         result = self.run(guard(plan) if guard is not None else plan, deadline)
         leases, expired = list(result.leases), result.expired
         while expired:
@@ -166,7 +175,9 @@ class Backend:
                 expired=expired,
             )
             try:
-                more = self.run(self.core.round(self.core.check_round(spec)), deadline)
+                more = self.run(
+                    self.core.round(self.core.check_round(spec), self.fair, self._learn), deadline
+                )
             except (Unavailable, OutcomeUnknown):
                 break
             leases += more.leases
@@ -176,7 +187,7 @@ class Backend:
         return Round(leases=leases, lost=result.lost, extended=result.extended)
 
     def _worth_claiming(self, min_priority: int, deadline: float) -> bool:
-        probe = self.run(self.core.probe(min_priority), deadline)
+        probe = self.run(self.core.probe(min_priority, self._learn), deadline)
         return probe.claimable or (
             probe.next_due is not None and probe.next_due <= self.core.clock()
         )
