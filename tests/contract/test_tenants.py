@@ -183,3 +183,17 @@ async def test_bad_tenant_arguments_are_refused(q: Any, call: Any) -> None:
         await call(q)
     assert (await q.stats()).depth == 0
     assert [(t.name, t.weight) for t in await q.tenants()] == [("", 1.0)]
+
+
+async def test_a_client_learns_from_its_claims_that_another_turned_tenants_on(
+    make_queue: Any,
+) -> None:
+    """Tenants cost nothing until used: a client claims in plain round-robin order until its
+    claims' rows say the queue's tenants are on (here another client turned them on), then
+    shares by weight."""
+    worker, admin = await make_queue(), await make_queue()
+    await admin.set_tenant("heavy", weight=100)
+    await admin.publish_many(by_tenant(admin, {"heavy": (10, 3), "light": (10, 3)}))
+    served = [tenant_of(g) for g in await drain_one_by_one(worker, 14)]
+    # One claim per shard may be plain; after that, light gets about one claim in 101.
+    assert served[2:].count("light") <= 2, served

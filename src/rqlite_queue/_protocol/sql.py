@@ -435,23 +435,14 @@ def _to_v3(b: _Builder, n: Names) -> None:
 
 def _to_v4(b: _Builder, n: Names) -> None:
     """v3 -> v4: tenants. Each group belongs to a tenant (`groups.tenant`, '' the default);
-    `tenants` holds each tenant's weight, its virtual time `vt` (the fair share's clock) and
-    `ready`, how many of its groups are claimable now, kept exact by triggers on `groups`
-    (every statement that makes a group claimable or not, now and later, counts without
-    knowing it), so a claim finds the tenants with work through one small index; they count
-    only once tenants are on (`meta.tenants`, see `tenants_on`), so a queue that never uses
-    them pays for a trigger's test and nothing else. A tenant
-    that gets claimable work again after having none starts at the queue's virtual time
-    (`meta.vtime`): an idle tenant banks no credit. `meta.tenant_sep`: the code point
-    of the character whose first occurrence ends a group id's tenant part (0: none). Also a
-    `tenant` column on the outbox, and an index of claimable groups per tenant."""
+    `tenants` holds each tenant's weight, its virtual time `vt` (the fair share's clock) and,
+    once tenants are on (`meta.tenants`: `tenants_on` makes the indexes and triggers they need
+    then, so a queue that never uses them pays nothing), `ready`, how many of its groups are
+    claimable now. `meta.vtime`: the queue's virtual time (the latest due time served);
+    `meta.tenant_sep`: the code point of the character whose first occurrence ends a group
+    id's tenant part (0: none). Also a `tenant` column on the outbox."""
     b.add(f"ALTER TABLE {n.groups} ADD COLUMN tenant TEXT NOT NULL DEFAULT ''")
     b.add(f"ALTER TABLE {n.outbox} ADD COLUMN tenant TEXT")
-    b.add(
-        f"CREATE INDEX {n.groups_ready_by_tenant} ON {n.groups} (tenant, turn) "
-        f"WHERE ready = 1 AND held = 0"
-    )
-    b.add(f"CREATE INDEX {n.groups_by_tenant} ON {n.groups} (tenant)")
     b.add(
         f"CREATE TABLE {n.tenants} (name TEXT PRIMARY KEY, weight REAL NOT NULL DEFAULT 1, "
         f"vt REAL NOT NULL DEFAULT 0, ready INTEGER NOT NULL DEFAULT 0)"
@@ -462,8 +453,15 @@ def _to_v4(b: _Builder, n: Names) -> None:
         f"INSERT OR IGNORE INTO {n.meta} (key, value) VALUES ('vtime', 0), ('tenant_sep', 0), "
         f"('tenants', 0)"
     )
+
+
+def _tenant_counting(n: Names) -> list[str]:
+    """What tenants need once on: an index of claimable groups per tenant (the fair claim
+    walks it), one of groups by tenant (`tenants()` counts through it), and triggers on
+    `groups` that keep each tenant's count of claimable groups exact, whatever statement
+    makes a group claimable or not, now and later. A tenant that gets claimable groups after
+    having none starts at the queue's virtual time: it banks no credit."""
     claimable = "{row}.ready = 1 AND {row}.held = 0"
-    on = f"(SELECT value FROM {n.meta} WHERE \"key\" = 'tenants') = 1"
     gains = (
         f"INSERT INTO {n.tenants} (name, ready, vt) SELECT new.tenant, 1, (SELECT value FROM "
         f"{n.meta} WHERE \"key\" = 'vtime') WHERE {claimable.format(row='new')} "
@@ -474,19 +472,18 @@ def _to_v4(b: _Builder, n: Names) -> None:
         f"UPDATE {n.tenants} SET ready = ready - 1 WHERE name = old.tenant "
         f"AND {claimable.format(row='old')};"
     )
-    b.add(
-        f"CREATE TRIGGER {n.groups}_in AFTER INSERT ON {n.groups} "
-        f"WHEN {claimable.format(row='new')} AND {on} BEGIN {gains} END"
-    )
-    b.add(
-        f"CREATE TRIGGER {n.groups}_up AFTER UPDATE OF ready, held, tenant ON {n.groups} "
-        f"WHEN (({claimable.format(row='old')}) != ({claimable.format(row='new')}) "
-        f"OR old.tenant != new.tenant) AND {on} BEGIN {loses} {gains} END"
-    )
-    b.add(
-        f"CREATE TRIGGER {n.groups}_out AFTER DELETE ON {n.groups} "
-        f"WHEN {claimable.format(row='old')} AND {on} BEGIN {loses} END"
-    )
+    return [
+        f"CREATE INDEX IF NOT EXISTS {n.groups_ready_by_tenant} ON {n.groups} (tenant, turn) "
+        f"WHERE ready = 1 AND held = 0",
+        f"CREATE INDEX IF NOT EXISTS {n.groups_by_tenant} ON {n.groups} (tenant)",
+        f"CREATE TRIGGER IF NOT EXISTS {n.groups}_in AFTER INSERT ON {n.groups} "
+        f"WHEN {claimable.format(row='new')} BEGIN {gains} END",
+        f"CREATE TRIGGER IF NOT EXISTS {n.groups}_up AFTER UPDATE OF ready, held, tenant ON "
+        f"{n.groups} WHEN ({claimable.format(row='old')}) != ({claimable.format(row='new')}) "
+        f"OR old.tenant != new.tenant BEGIN {loses} {gains} END",
+        f"CREATE TRIGGER IF NOT EXISTS {n.groups}_out AFTER DELETE ON {n.groups} "
+        f"WHEN {claimable.format(row='old')} BEGIN {loses} END",
+    ]
 
 
 # Each step takes a database from the version before it to its own.
@@ -1150,15 +1147,16 @@ TENANT_CHANGE_ERROR = "NOT NULL constraint failed: {tenants}.weight"
 
 
 def tenants_on(n: Names) -> list[Statement]:
-    """Turn tenants on, once (each statement does nothing when they are on already): every
-    tenant of a group gets its row and its count of claimable groups, which the triggers keep
-    from then on, and claims of clients that learn it (the last column of the claim's rows and
-    of the probe) share by weight."""
+    """Turn tenants on, once (each statement does nothing when they are on already): the
+    indexes and triggers of `_tenant_counting`, and every tenant of a group gets its row and
+    its count of claimable groups, which the triggers keep from then on; claims of clients
+    that learn it (the last column of the claim's rows and of the probe) share by weight."""
     # `f`: the flag's row while it is off, the outer loop of each statement: once they are
     # on, it is empty and nothing is scanned.
     off = "f.\"key\" = 'tenants' AND f.value = 0"
     vtime = f"(SELECT value FROM {n.meta} WHERE \"key\" = 'vtime')"
     return [
+        *(Statement(ddl) for ddl in _tenant_counting(n)),
         Statement(
             f"INSERT OR IGNORE INTO {n.tenants} (name, vt) SELECT DISTINCT all_groups.tenant, "
             f"{vtime} FROM {n.meta} f JOIN {n.groups} all_groups WHERE {off}"
