@@ -53,6 +53,10 @@ COMMANDS = [
     ["groups"],
     ["pause"],
     ["resume"],
+    ["tenants"],
+    ["tenant"],
+    ["tenant", "weight"],
+    ["tenant", "rule"],
     ["dashboard"],
     ["schedule"],
     ["schedule", "add"],
@@ -796,3 +800,29 @@ def test_bench_is_a_command_of_the_checkout_not_of_the_package() -> None:
     result = run("bench")
     assert result.returncode == 2
     assert "No such command 'bench'" in one_error_line(result)
+
+
+def test_tenants_weights_and_the_rule(sqlite_target: Target) -> None:
+    """`publish --tenant`, `tenant weight`, `tenant rule`, `tenants` (table and JSON)."""
+    target = sqlite_target
+    assert run(*target.args, "publish", "g1", '"a"', "--tenant", "acme").returncode == 0
+    assert run(*target.args, "tenant", "weight", "acme", "3").returncode == 0
+    assert run(*target.args, "tenant", "rule", ":").returncode == 0
+    lines = '{"group_id": "globex:7", "event": 1}\n{"group_id": "x", "event": 2, "tenant": "t"}\n'
+    assert run(*target.args, "publish", input=lines).returncode == 0
+    listed = run(*target.args, "tenants", "--json")
+    assert listed.returncode == 0, listed.stderr
+    tenants = {t["name"]: t for t in map(json.loads, listed.stdout.splitlines())}
+    assert {name: (t["weight"], t["groups"]) for name, t in tenants.items()} == {
+        "": (1.0, 0),
+        "acme": (3.0, 1),
+        "globex": (1.0, 1),
+        "t": (1.0, 1),
+    }
+    table = run(*target.args, "tenants")
+    assert "4 tenants" in table.stdout and "(default)" in table.stdout, table.stdout
+    refused = run(*target.args, "tenant", "rule")
+    assert refused.returncode == 2 and "SEPARATOR or --none" in refused.stderr
+    mismatch = run(*target.args, "publish", "g1", '"b"', "--tenant", "other")
+    assert mismatch.returncode == 1 and "tenant" in mismatch.stderr
+    assert run(*target.args, "tenant", "rule", "--none").returncode == 0

@@ -75,6 +75,9 @@ def _read_lines(stream: Any, default_priority: int) -> list[tuple[int, dict[str,
     help="Dead-lettered (reason 'expired') instead of delivered after SECONDS.",
 )
 @click.option(
+    "--tenant", help="The tenant of the group, if this publish creates it (docs/fairness.md)."
+)
+@click.option(
     "--batch-size",
     type=click.IntRange(min=1),
     default=PUBLISH_BATCH,
@@ -90,6 +93,7 @@ def publish(
     dedup_id: str | None,
     delay: float | None,
     ttl: float | None,
+    tenant: str | None,
     batch_size: int,
 ) -> int:
     """Publish EVENT_JSON into GROUP, or JSON lines from stdin.
@@ -97,15 +101,16 @@ def publish(
     With GROUP and EVENT_JSON, publishes one message and prints its seq. With no arguments
     (or GROUP '-'), reads one JSON object per line from stdin,
     {"group_id": ..., "event": ..., "priority": ..., "dedup_id": ..., "delay": ...,
-    "not_before": ..., "ttl": ...} (all but group_id and event optional), checks every line,
-    then publishes them in batches with a progress bar on stderr. A bad line publishes
-    nothing."""
+    "not_before": ..., "ttl": ..., "tenant": ...} (all but group_id and event optional),
+    checks every line, then publishes them in batches with a progress bar on stderr. A bad
+    line publishes nothing."""
     if group is None or group == "-":
         if event_json is not None:
             raise click.UsageError("EVENT_JSON cannot be given with stdin input ('-')")
-        if dedup_id is not None or delay is not None or ttl is not None:
+        if dedup_id is not None or delay is not None or ttl is not None or tenant is not None:
             raise click.UsageError(
-                "--dedup-id, --delay and --ttl apply to one message; put them in the lines"
+                "--dedup-id, --delay, --ttl and --tenant apply to one message; put them in "
+                "the lines"
             )
         if sys.stdin.isatty():
             raise click.UsageError("give GROUP and EVENT_JSON, or pipe JSON lines to stdin")
@@ -115,7 +120,9 @@ def publish(
         raise click.UsageError("missing EVENT_JSON (or use '-' to read JSON lines from stdin)")
     event = _parse_event(event_json)
     with config.transport() as queue:
-        seq = queue.publish(group, event, priority, dedup_id=dedup_id, delay=delay, ttl=ttl)
+        seq = queue.publish(
+            group, event, priority, dedup_id=dedup_id, delay=delay, ttl=ttl, tenant=tenant
+        )
     click.echo(seq)
     return 0
 
