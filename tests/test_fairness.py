@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from rqlite_queue import RqliteTransport, SqliteTransport
+from rqlite_queue import RqliteTransport, SqliteTransport, Transport
 from rqlite_queue.testing import Cluster
 from rqlite_queue.worker import Worker
 
@@ -135,3 +135,113 @@ def test_any_window_of_claims_is_within_tenants_minus_one_of_the_weights(
                     n,
                     counts,
                 )
+
+
+class FairModel:
+    """The fair claim as the contract states it (guarantee 23), to predict the real SQL's
+    choice exactly: per tenant a virtual time, moved up to the queue's when the tenant gets a
+    claimable group after having none; the `n` tenants with work and the least virtual time
+    (ties: the order their rows were made), each one's groups in round-robin order (turn,
+    then creation), the k-th due at vt + (k - 1) / weight; the `n` due first (ties: turn,
+    then creation) are taken."""
+
+    def __init__(self, weights: dict[str, float]) -> None:
+        self.weights = weights
+        self.order = {name: i for i, name in enumerate(weights)}  # their rows' order
+        self.vt = dict.fromkeys(weights, 0.0)
+        self.vtime = 0.0
+        self.turns = 0
+        self.created: dict[str, int] = {}  # group -> creation order (kept while retired)
+        self.turn: dict[str, int] = {}
+        self.depth: dict[str, int] = {}
+        self.leased: set[str] = set()
+
+    @staticmethod
+    def tenant(group: str) -> str:
+        return group.split("-")[0]
+
+    def ready(self, tenant: str) -> list[str]:
+        return sorted(
+            (
+                g
+                for g, d in self.depth.items()
+                if d and g not in self.leased and self.tenant(g) == tenant
+            ),
+            key=lambda g: (self.turn[g], self.created[g]),
+        )
+
+    def _becomes_ready(self, group: str) -> None:
+        tenant = self.tenant(group)
+        if not [g for g in self.ready(tenant) if g != group]:
+            self.vt[tenant] = max(self.vt[tenant], self.vtime)
+
+    def publish(self, group: str) -> None:
+        if group not in self.created:
+            self.created[group] = len(self.created)
+            self.turn[group] = 0
+        self.depth[group] = self.depth.get(group, 0) + 1
+        if self.depth[group] == 1:
+            self._becomes_ready(group)
+
+    def claim(self, n: int) -> set[str]:
+        self.turns += 1
+        working = [t for t in self.weights if self.ready(t)]
+        candidates = sorted(working, key=lambda t: (self.vt[t], self.order[t]))[:n]
+        due = []
+        for t in candidates:
+            for k, g in enumerate(self.ready(t)[:n]):
+                due.append((self.vt[t] + k / self.weights[t], self.turn[g], self.created[g], g))
+        taken = [g for *_, g in sorted(due)[:n]]
+        served = Counter(self.tenant(g) for g in taken)
+        for g in taken:
+            self.leased.add(g)
+            self.turn[g] = self.turns
+        for t, count in served.items():
+            self.vt[t] = self.vt[t] + count / self.weights[t]
+        if served:
+            self.vtime = max(self.vtime, max(self.vt[t] - 1 / self.weights[t] for t in served))
+        return set(taken)
+
+    def ack(self, group: str) -> None:
+        self.leased.discard(group)
+        self.depth[group] -= 1
+        if self.depth[group]:
+            self._becomes_ready(group)
+
+
+@pytest.mark.parametrize(
+    ("backend", "seed"), [*(("sqlite", seed) for seed in range(8)), ("rqlite3", 0), ("rqlite3", 1)]
+)
+def test_the_fair_claim_is_exactly_the_contracts_rule(
+    tmp_path: Path, backend: str, seed: int, request: pytest.FixtureRequest
+) -> None:
+    """Random weights, publishes (new groups, refills, more messages), claims of random size
+    and acks in random order, on the embedded queue and a 3-node cluster: every claim takes
+    exactly the groups the model of guarantee 23 predicts, lifts of idle tenants included."""
+    url = f"sqlite:///{tmp_path}/q.db"
+    if backend == "rqlite3":
+        url = request.getfixturevalue("rqlite_cluster3").url
+    rng = random.Random(seed)
+    names = [f"t{i}" for i in range(rng.randint(2, 5))]
+    weights = {name: rng.choice([0.5, 1.0, 1.5, 2.0, 3.0, 4.0]) for name in names}
+    model = FairModel(weights)
+    held: list[Any] = []
+    with Transport.from_url(url, queue=f"fm_{uuid.uuid4().hex[:8]}") as q:
+        for name, weight in weights.items():
+            q.set_tenant(name, weight=weight)
+        for step in range(150):
+            action = rng.random()
+            if action < 0.35:
+                group = f"{rng.choice(names)}-{rng.randrange(6)}"
+                q.publish(group, step, tenant=model.tenant(group))
+                model.publish(group)
+            elif action < 0.7:
+                n = rng.choice([1, 1, 2, 3, 5, 8])
+                expected = model.claim(n)
+                leases = q.claim_many("w", 3600, n)
+                assert {lease.group_id for lease in leases} == expected, (step, model.vt)
+                held += leases
+            elif held:
+                lease = held.pop(rng.randrange(len(held)))
+                q.ack(lease)
+                model.ack(lease.group_id)
