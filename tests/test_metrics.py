@@ -280,3 +280,43 @@ def test_a_sharded_queue_reports_its_outbox(
         assert value(text, "rqlite_queue_worker_published_total") == 1
         assert worker.stats.acked == 3  # "second", then both follow-ups on b
         assert value(text, "rqlite_queue_outbox") == 0
+
+
+def test_tenants_are_gauges_once_on_for_the_deepest_only(tmp_path: Path) -> None:
+    """No tenant series while a queue's tenants are off; once on, depth, leases in flight
+    and weight of the deepest MAX_TENANT_LABELS tenants, and how many there are."""
+    from rqlite_queue.metrics import MAX_TENANT_LABELS
+
+    with Transport.from_url(f"sqlite:///{tmp_path}/q.db") as queue:
+        registry = CollectorRegistry()
+        registry.register(WorkerCollector(Worker(queue, handler), stats_interval=0))  # type: ignore[arg-type]
+        queue.publish("plain", 1)
+        off = generate_latest(registry).decode()
+        assert not [key for key in samples(off) if key[0].startswith("rqlite_queue_tenant")]
+
+        many = MAX_TENANT_LABELS + 10
+        queue.publish_many(
+            [
+                {"group_id": f"g{i}-{k}", "event": k, "tenant": f"t{i:03}"}
+                for i in range(many)
+                for k in range(i + 1)  # t000 has 1 message, the last one the most
+            ]
+        )
+        queue.set_tenant("t059", weight=3)
+        queue.claim("w", 30)
+        text = generate_latest(registry).decode()
+        assert value(text, "rqlite_queue_tenants") == many + 1  # and ''
+        depths = {
+            dict(labels)["tenant"]: v
+            for (name, labels), v in samples(text).items()
+            if name == "rqlite_queue_tenant_depth"
+        }
+        assert len(depths) == MAX_TENANT_LABELS
+        assert depths["t059"] == 60 and "t000" not in depths
+        assert value(text, "rqlite_queue_tenant_weight", tenant="t059") == 3
+        in_flight = sum(
+            v for (name, _), v in samples(text).items() if name == "rqlite_queue_tenant_in_flight"
+        )
+        listed = queue.tenants(limit=1000)
+        assert sum(t.in_flight for t in listed) == 1
+        assert in_flight == sum(t.in_flight for t in listed if t.name in depths)

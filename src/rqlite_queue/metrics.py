@@ -36,6 +36,14 @@ linearizable read on rqlite). Every metric has a `queue` label:
 | `rqlite_queue_shard_up{shard}` | gauge | sharded: 1 while the shard answers, else 0 |
 | `rqlite_queue_shard_depth{shard}` | gauge | sharded: messages on each shard that answered |
 | `rqlite_queue_outbox` | gauge | sharded: follow-ups waiting in the shards' outboxes |
+| `rqlite_queue_tenant_depth{tenant}` | gauge | tenants on: messages of the deepest tenants |
+| `rqlite_queue_tenant_in_flight{tenant}` | gauge | tenants on: their leases in flight |
+| `rqlite_queue_tenant_weight{tenant}` | gauge | tenants on: their weights |
+| `rqlite_queue_tenants` | gauge | tenants on: how many `tenants()` lists (at most 1 000) |
+
+Tenants are labels only for the deepest 50 (`MAX_TENANT_LABELS`; the default tenant is ''),
+so the series stay bounded however many tenants a queue has; `rqlite_queue_tenants` says how
+many there are. A queue whose tenants are not on has none of these samples.
 
 The claim-latency histogram's buckets are `rqlite_queue.worker.CLAIM_BUCKETS`."""
 
@@ -46,11 +54,11 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, cast
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, cast
 
 from . import AsyncTransport
-from .types import Stats
+from .types import Stats, TenantInfo
 from .worker import CLAIM_BUCKETS, AsyncWorker, Worker
 
 if TYPE_CHECKING:
@@ -65,6 +73,9 @@ log = logging.getLogger("rqlite_queue.metrics")
 
 PREFIX = "rqlite_queue"
 PRIORITIES = range(5)
+MAX_TENANT_LABELS = 50
+"""The tenants that get series of their own: the deepest this many (bounded cardinality)."""
+TENANTS_READ = 1000
 
 
 def _require_prometheus() -> None:
@@ -112,6 +123,7 @@ class WorkerCollector:
                 ) from None
         self._lock = threading.Lock()
         self._stats: Stats | None = None
+        self._tenants: list[TenantInfo] = []
         self._stats_at = -float("inf")
 
     @property
@@ -129,15 +141,22 @@ class WorkerCollector:
             if self._stats is not None and now - self._stats_at < self.stats_interval:
                 return self._stats
             try:
-                self._stats = self._fetch_stats()
+                self._stats = self._fetch(lambda transport: transport.stats())
+                self._tenants = (
+                    self._fetch(lambda transport: transport.tenants(limit=TENANTS_READ))
+                    if self._stats.tenants_on
+                    else []
+                )
                 self._stats_at = now
             except Exception as exc:  # a failed stats call must not fail the scrape
                 self.stats_errors += 1
                 self._stats = None
+                self._tenants = []
                 log.warning("metrics: queue stats unavailable: %s", exc)
             return self._stats
 
-    def _fetch_stats(self) -> Stats:
+    def _fetch(self, call: Callable[[Any], Any]) -> Any:
+        """`call(transport)`, on the worker's event loop for an `AsyncWorker`."""
         transport = self.worker.transport
         if isinstance(transport, AsyncTransport):
             loop = self._loop
@@ -149,13 +168,13 @@ class WorkerCollector:
                 running = None
             if running is loop:
                 raise RuntimeError("cannot wait for stats on the event loop's own thread")
-            future = asyncio.run_coroutine_threadsafe(transport.stats(), loop)
+            future = asyncio.run_coroutine_threadsafe(call(transport), loop)
             try:
                 return future.result(self.stats_timeout)
             except TimeoutError:
                 future.cancel()
                 raise
-        return transport.stats()
+        return call(transport)
 
     # ----------------------------------------------------------------------- collector
 
@@ -275,7 +294,34 @@ class WorkerCollector:
             dead.add_metric(queue, snapshot.dead)
             oldest.add_metric(queue, snapshot.oldest_age or 0.0)
         yield from (depth, groups, leased, parked, dead, oldest)
+        yield from self._tenant_families(snapshot)
         yield from self._shard_families(snapshot, with_samples)
+
+    def _tenant_families(self, snapshot: Stats | None) -> Iterator[Metric]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        labels = ["queue", "tenant"]
+        count = GaugeMetricFamily(
+            f"{PREFIX}_tenants", "Tenants (once on; at most 1 000 read).", labels=["queue"]
+        )
+        depth = GaugeMetricFamily(
+            f"{PREFIX}_tenant_depth", "Messages of the deepest tenants.", labels=labels
+        )
+        in_flight = GaugeMetricFamily(
+            f"{PREFIX}_tenant_in_flight", "Leases in flight of the deepest tenants.", labels=labels
+        )
+        weight = GaugeMetricFamily(
+            f"{PREFIX}_tenant_weight", "Weights of the deepest tenants.", labels=labels
+        )
+        if snapshot is not None and snapshot.tenants_on:
+            tenants = self._tenants
+            count.add_metric([self.queue], len(tenants))
+            deepest = sorted(tenants, key=lambda t: (-t.depth, t.name))[:MAX_TENANT_LABELS]
+            for t in deepest:
+                depth.add_metric([self.queue, t.name], t.depth)
+                in_flight.add_metric([self.queue, t.name], t.in_flight)
+                weight.add_metric([self.queue, t.name], t.weight)
+        yield from (count, depth, in_flight, weight)
 
     def _shard_families(self, snapshot: Stats | None, with_samples: bool) -> Iterator[Metric]:
         from prometheus_client.core import GaugeMetricFamily

@@ -112,6 +112,9 @@ class Stats:
     outbox: int = 0
     """A sharded queue's follow-ups written on one shard for groups on another, not yet
     forwarded (0 on one cluster)."""
+    tenants_on: bool = False
+    """The queue's tenants are on: its claims share by weight (`set_tenant`,
+    `set_tenant_rule` or a publish naming a tenant turned them on)."""
 
 
 @dataclass(frozen=True, slots=True)

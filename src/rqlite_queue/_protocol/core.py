@@ -627,7 +627,7 @@ class QueueCore:
 
         def read(reply: sql.Reply) -> Stats:
             depth, groups, in_flight, parked, dead, oldest, held, delayed = reply["counts"].rows[0]
-            expired, paused, last_seq, outbox = reply["counters"].rows[0]
+            expired, paused, last_seq, outbox, tenants_on = reply["counters"].rows[0]
             return Stats(
                 depth=int(depth),
                 groups=int(groups),
@@ -642,6 +642,7 @@ class QueueCore:
                 paused=bool(paused),
                 last_seq=int(last_seq or 0),
                 outbox=int(outbox or 0),
+                tenants_on=bool(tenants_on),
             )
 
         return Plan(sql.stats(self.names, now=now), read)

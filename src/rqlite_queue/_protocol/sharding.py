@@ -297,6 +297,7 @@ def merge_stats(stats: Iterable[Stats]) -> Stats:
         paused=any(s.paused for s in stats),
         last_seq=sum(s.last_seq for s in stats),
         outbox=sum(s.outbox for s in stats),
+        tenants_on=any(s.tenants_on for s in stats),
     )
 
 

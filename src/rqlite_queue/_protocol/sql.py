@@ -1533,7 +1533,8 @@ def stats(n: Names, *, now: float) -> Batch:
     b.add(
         f"SELECT (SELECT value FROM {n.meta} WHERE \"key\" = 'expired'), {_paused(n)}, "
         f"(SELECT seq FROM sqlite_sequence WHERE name = '{n.messages}'), "
-        f"(SELECT count(*) FROM {n.outbox})",
+        f"(SELECT count(*) FROM {n.outbox}), "
+        f"(SELECT value FROM {n.meta} WHERE \"key\" = 'tenants')",
         slot="counters",
     )
     # Per group, its range of the messages index (index-only, no table row read): 2.7x
