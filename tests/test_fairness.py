@@ -55,9 +55,12 @@ def test_three_workers_share_claims_between_tenants_by_weight(
             q.set_tenant(tenant, weight=weight)
         q.publish_many(flood())
         transports = [RqliteTransport(rqlite_cluster3.url, queue=queue) for _ in range(3)]
-        # 6 slots: D's share (half) needs 3 of its 10 groups in flight, so it always has some
-        # claimable (a tenant with none is not "backlogged": it has no claim to a share then).
-        workers = [Worker(t, handler, concurrency=2, visibility=30) for t in transports]
+        # 3 slots: D's share (half) needs 1.5 of its 10 groups in flight. A Worker ties up to
+        # twice its concurrency (leases being handled, and handled ones whose ack is in the
+        # round under way), so even with slow rounds D keeps groups claimable: a tenant with
+        # none is not backlogged and has no claim to a share then (at concurrency 2, a loaded
+        # machine's slow rounds tied up all of D's 10 groups and D fell to a 0.36 share).
+        workers = [Worker(t, handler, concurrency=1, visibility=30) for t in transports]
         threads = [
             threading.Thread(target=w.run, kwargs={"handle_signals": False}) for w in workers
         ]
@@ -74,8 +77,8 @@ def test_three_workers_share_claims_between_tenants_by_weight(
                 transport.close()
     with lock:
         log = list(handled)
-    # While all had work: up to the first small tenant's last message, less the last round of
-    # each worker (6 slots), when that tenant had fewer groups left than its share.
+    # While all had work: up to the first small tenant's last message, less the last rounds
+    # (6 leases), when that tenant had fewer groups left than its share.
     first_out = min(
         max(i for i, t in enumerate(log) if t == tenant)
         for tenant in "BCD"

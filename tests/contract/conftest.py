@@ -40,9 +40,17 @@ BACKENDS: list[Any] = [
 clusters."""
 FLAVOURS = ["sync", "async"]
 
-ONE_TOPOLOGY_ENOUGH = {"test_hostile_input", "test_time", "test_lost_replies"}
+ONE_TOPOLOGY_ENOUGH = {
+    "test_hostile_input",
+    "test_time",
+    "test_lost_replies",
+    "test_admin",
+    "test_follow_ups",
+    "test_tenants",
+}
 """Modules whose checks are the same code on every rqlite topology (arguments are checked
-before any I/O; the fake clock and the injected lost replies sit above the HTTP client): by
+before any I/O; the fake clock and the injected lost replies sit above the HTTP client; admin
+calls, follow-ups and tenants are SQL that a follower forwards as it forwards the rest): by
 default they run on SQLite, the 3-node cluster and two shards; on one node and through a
 follower only in the slow tier (`pytest -m slow tests/contract`), to keep `make test` short."""
 SLOW_TOPOLOGIES = {"rqlite1", "rqlite3-follower"}
