@@ -351,9 +351,7 @@ class QueueCore:
                 # rqlite ran the claim but kept none of its RETURNING rows (its SQL parser did
                 # not take the statement): the resend form reads what the token took.
                 raise OutcomeUnknown("rqlite dropped the rows of a claim's RETURNING")
-            tenants_on = sql.read_tenants_on(reply)
-            if learn is not None and tenants_on is not None:
-                learn(tenants_on)
+            _tell(learn, reply)
             lost_settlements = [by_held[id(h)] for h in sql.read_lost(reply, settle)]
             lost = [s.lease for s in sorted([*lost_settlements, *repeats], key=_by_index)]
             lost_ids = {id(s) for s in lost_settlements}
@@ -398,9 +396,7 @@ class QueueCore:
         self._now()
 
         def read(reply: sql.Reply) -> Probe:
-            tenants_on = sql.read_tenants_on(reply)
-            if learn is not None and tenants_on is not None:
-                learn(tenants_on)
+            _tell(learn, reply)
             return Probe(*sql.read_probe(reply))
 
         return Plan(sql.probe(self.names, min_priority=min_priority), read)
@@ -781,6 +777,13 @@ def _prefix_end(prefix: str) -> str | None:
 
 def _by_index(settlement: Settlement) -> int:
     return settlement.index
+
+
+def _tell(learn: Callable[[bool], None] | None, reply: sql.Reply) -> None:
+    """Tell `learn` whether the queue's tenants are on, if the reply's rows say."""
+    tenants_on = sql.read_tenants_on(reply)
+    if learn is not None and tenants_on is not None:
+        learn(tenants_on)
 
 
 def _nothing(reply: sql.Reply) -> None:

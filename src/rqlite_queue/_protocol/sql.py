@@ -436,7 +436,7 @@ def _to_v3(b: _Builder, n: Names) -> None:
 def _to_v4(b: _Builder, n: Names) -> None:
     """v3 -> v4: tenants. Each group belongs to a tenant (`groups.tenant`, '' the default);
     `tenants` holds each tenant's weight, its virtual time `vt` (the fair share's clock) and,
-    once tenants are on (`meta.tenants`: `tenants_on` makes the indexes and triggers they need
+    once tenants are on (`meta.tenants`: `_turn_tenants_on` makes the indexes and triggers they need
     then, so a queue that never uses them pays nothing), `ready`, how many of its groups are
     claimable now. `meta.vtime`: the queue's virtual time (the latest due time served);
     `meta.tenant_sep`: the code point of the character whose first occurrence ends a group
@@ -552,8 +552,7 @@ def publish(
     items = _json([m.row() for m in messages])
     b = _Builder()
     if any(m.tenant is not None for m in messages):
-        for statement in tenants_on(n):
-            b.add(statement.sql, statement.params)
+        _turn_tenants_on(b, n)
     if prune_before is not None:
         b.add(f"DELETE FROM {n.dedup} WHERE expires_at < :t", {"t": prune_before})
     _insert_messages(b, n, messages, items, now, dedup_until, "true")
@@ -844,8 +843,7 @@ def _follow_ups(b: _Builder, n: Names, s: Settle, now: float) -> None:
         return
     messages = [m for _, m in s.follow_ups]
     if any(m.tenant is not None for m in messages):
-        for statement in tenants_on(n):
-            b.add(statement.sql, statement.params)
+        _turn_tenants_on(b, n)
     items = _json([[*m.row(), *h.key()] for h, m in s.follow_ups])
     _insert_messages(b, n, messages, items, now, s.dedup_until, lease)
 
@@ -1146,7 +1144,7 @@ TENANT_CHANGE_ERROR = "NOT NULL constraint failed: {tenants}.weight"
 `_insert_messages`)."""
 
 
-def tenants_on(n: Names) -> list[Statement]:
+def _turn_tenants_on(b: _Builder, n: Names) -> None:
     """Turn tenants on, once (each statement does nothing when they are on already): the
     indexes and triggers of `_tenant_counting`, and every tenant of a group gets its row and
     its count of claimable groups, which the triggers keep from then on; claims of clients
@@ -1155,26 +1153,24 @@ def tenants_on(n: Names) -> list[Statement]:
     # on, it is empty and nothing is scanned.
     off = "f.\"key\" = 'tenants' AND f.value = 0"
     vtime = f"(SELECT value FROM {n.meta} WHERE \"key\" = 'vtime')"
-    return [
-        *(Statement(ddl) for ddl in _tenant_counting(n)),
-        Statement(
-            f"INSERT OR IGNORE INTO {n.tenants} (name, vt) SELECT DISTINCT all_groups.tenant, "
-            f"{vtime} FROM {n.meta} f JOIN {n.groups} all_groups WHERE {off}"
-        ),
-        Statement(
-            f"UPDATE {n.tenants} SET ready = (SELECT count(*) FROM {n.groups} g WHERE "
-            f"g.tenant = name AND g.ready = 1 AND g.held = 0) WHERE name IN (SELECT "
-            f"all_tenants.name FROM {n.meta} f JOIN {n.tenants} all_tenants WHERE {off})"
-        ),
-        Statement(f"UPDATE {n.meta} SET value = 1 WHERE \"key\" = 'tenants'"),
-    ]
+    for ddl in _tenant_counting(n):
+        b.add(ddl)
+    b.add(
+        f"INSERT OR IGNORE INTO {n.tenants} (name, vt) SELECT DISTINCT all_groups.tenant, "
+        f"{vtime} FROM {n.meta} f JOIN {n.groups} all_groups WHERE {off}"
+    )
+    b.add(
+        f"UPDATE {n.tenants} SET ready = (SELECT count(*) FROM {n.groups} g WHERE "
+        f"g.tenant = name AND g.ready = 1 AND g.held = 0) WHERE name IN (SELECT "
+        f"all_tenants.name FROM {n.meta} f JOIN {n.tenants} all_tenants WHERE {off})"
+    )
+    b.add(f"UPDATE {n.meta} SET value = 1 WHERE \"key\" = 'tenants'")
 
 
 def set_tenant(n: Names, name: str, *, weight: float) -> Batch:
     """Store a tenant's weight (a tenant not stored weighs 1)."""
     b = _Builder()
-    for statement in tenants_on(n):
-        b.add(statement.sql, statement.params)
+    _turn_tenants_on(b, n)
     b.add(
         f"INSERT INTO {n.tenants} (name, weight, vt) VALUES ({_TEXT.format(name='t')}, :w, "
         f"(SELECT value FROM {n.meta} WHERE \"key\" = 'vtime')) "
@@ -1188,8 +1184,7 @@ def set_tenant_separator(n: Names, separator: str | None) -> Batch:
     """Groups created from now on without a tenant take the part of their id before the
     first `separator` (None: the default tenant)."""
     b = _Builder()
-    for statement in tenants_on(n):
-        b.add(statement.sql, statement.params)
+    _turn_tenants_on(b, n)
     b.add(
         f"UPDATE {n.meta} SET value = :c WHERE \"key\" = 'tenant_sep'",
         {"c": 0 if separator is None else ord(separator)},
