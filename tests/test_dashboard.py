@@ -10,6 +10,7 @@ With `RQLITE_QUEUE_SCREENSHOTS=1` the browser tests also save each page to `docs
 from __future__ import annotations
 
 import dataclasses
+import html
 import os
 import re
 import select
@@ -22,12 +23,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
 
 from rqlite_queue import Lease, LeaseLost, Transport
 from rqlite_queue.testing import Cluster
+from rqlite_queue.types import TenantInfo
 
 pytest.importorskip("starlette", reason="the dashboard extra is not installed")
 
@@ -248,6 +251,146 @@ def test_bad_query_arguments_give_an_error_page(
             assert 'id="error"' in page.text
 
 
+# ------------------------------------------------------------------------------ tenants
+
+TENANT_XSS = "<script>x</script>"
+
+
+def tenant_rows(page: str) -> list[tuple[str, dict[str, str]]]:
+    """The tenants' table of a page: (name, its cells by data-field), unescaped."""
+    rows = []
+    for name, row in re.findall(r'<tr data-tenant="([^"]*)">(.*?)</tr>', page, re.DOTALL):
+        cells = re.findall(r'<td data-field="(\w+)"[^>]*>(.*?)</td>', row, re.DOTALL)
+        rows.append((html.unescape(name), {k: html.unescape(v.strip()) for k, v in cells}))
+    return rows
+
+
+def as_cells(t: TenantInfo) -> dict[str, str]:
+    """A tenant's row as the page must show it (none of these tenants has limits)."""
+    return {
+        "weight": f"{t.weight:g}",
+        "ready": str(t.ready),
+        "groups": str(t.groups),
+        "in_flight": str(t.in_flight),
+        "depth": str(t.depth),
+        "rate": "\u2014",
+        "group_bound": "\u2014",
+    }
+
+
+def test_the_tenants_page_lists_escapes_and_pages(
+    rqlite_cluster3: Cluster, queue_name: str, q: Transport
+) -> None:
+    q.publish("plain", 1)
+    q.publish_many([{"group_id": f"acme-{i}", "event": i, "tenant": "acme"} for i in range(3)])
+    q.publish("acme-0", "second", tenant="acme")
+    q.publish("evil", XSS, tenant=TENANT_XSS)
+    many = [f"t{i:02d} &?#/=" for i in range(60)]  # each a character a link might trip on
+    q.publish_many([{"group_id": f"g-{t}", "event": 1, "tenant": t} for t in many])
+    q.set_tenant("acme", weight=4)
+    assert len(q.claim_many("w", 300, 3)) == 3  # some leases in flight
+    with dashboard(rqlite_cluster3.url, queue_name) as base, httpx.Client(base_url=base) as http:
+        assert 'href="/tenants">Tenants</a>' in http.get("/").text
+        first = http.get("/tenants")
+        assert first.status_code == 200
+        expected = q.tenants(limit=50)
+        assert [t.name for t in expected][:3] == ["", TENANT_XSS, "acme"]
+        assert tenant_rows(first.text) == [(t.name, as_cells(t)) for t in expected]
+        assert dict(tenant_rows(first.text))["acme"]["weight"] == "4"
+        assert dict(tenant_rows(first.text))["acme"]["depth"] == "4"
+        assert "(default)" in first.text and 'id="tenants-off"' not in first.text
+        assert TENANT_XSS not in first.text and "<script>window.__xss" not in first.text
+        assert html.escape(TENANT_XSS, quote=False) in first.text
+        assert 'name="csrf"' not in first.text and "set_tenant_weight" not in first.text
+        link = re.search(r'<a id="next-page" href="([^"]+)"', first.text)
+        assert link, "a full page links to the next one"
+        href = html.unescape(link.group(1))
+        assert href == "/tenants?after=" + quote(many[46], safe="")
+        second = http.get(href)
+        assert second.status_code == 200
+        assert tenant_rows(second.text) == [
+            (t.name, as_cells(t)) for t in q.tenants(limit=50, after=many[46])
+        ]
+        assert [name for name, _ in tenant_rows(second.text)] == many[47:]
+        assert 'id="next-page"' not in second.text and 'id="first-page"' in second.text
+        fragment = http.get("/fragments/tenants", params={"after": many[46]})
+        assert fragment.status_code == 200 and "<html" not in fragment.text
+        assert [name for name, _ in tenant_rows(fragment.text)] == many[47:]
+        page = http.get("/tenants")
+        assert re.search(r'hx-get="/fragments/tenants\?[^"]*" hx-trigger="every 500ms"', page.text)
+        assert tenant_rows(http.get("/tenants", params={"after": "zzz"}).text) == []
+
+
+def test_the_tenants_page_explains_when_tenants_are_off(
+    rqlite_cluster3: Cluster, queue_name: str, q: Transport
+) -> None:
+    q.publish("g", 1)
+    with dashboard(rqlite_cluster3.url, queue_name) as base, httpx.Client(base_url=base) as http:
+        for path in ("/tenants", "/fragments/tenants"):
+            page = http.get(path)
+            assert page.status_code == 200
+            assert 'id="tenants-off"' in page.text and "tenant-table" not in page.text
+        q.publish("h", 1, tenant="acme")
+        page = http.get("/tenants")
+        assert 'id="tenants-off"' not in page.text
+        assert [name for name, _ in tenant_rows(page.text)] == ["", "acme"]
+
+
+def test_setting_a_tenants_weight(rqlite_cluster3: Cluster, queue_name: str, q: Transport) -> None:
+    q.publish("g", 1, tenant="acme")
+
+    def weights() -> dict[str, float]:
+        return {t.name: t.weight for t in q.tenants()}
+
+    assert weights() == {"": 1.0, "acme": 1.0}
+    with dashboard(rqlite_cluster3.url, queue_name) as base, httpx.Client(base_url=base) as http:
+        forged = http.post(
+            "/action/set_tenant_weight", data={"csrf": "x", "tenant": "acme", "weight": "5"}
+        )
+        assert forged.status_code == 403 and "read-only" in forged.text
+    assert weights() == {"": 1.0, "acme": 1.0}
+    with (
+        dashboard(rqlite_cluster3.url, queue_name, "--allow-actions") as base,
+        httpx.Client(base_url=base) as http,
+    ):
+        page = http.get("/tenants")
+        form = re.search(r'<form[^>]*id="weight-form".*?</form>', page.text, re.DOTALL)
+        assert form, "an actions dashboard has the weight form"
+        assert 'action="/action/set_tenant_weight"' in form.group(0)
+        assert re.findall(r'<option value="([^"]*)"', form.group(0)) == ["", "acme"]
+        assert "<label>weight" in form.group(0) and "<label>tenant" in form.group(0)
+        token = re.search(r'name="csrf" value="([^"]+)"', form.group(0))
+        assert token
+        good = {"csrf": token.group(1), "tenant": "acme", "weight": "2.5", "next": "/tenants"}
+        for csrf in (None, "", "x" + token.group(1)):
+            data = {k: v for k, v in good.items() if k != "csrf"}
+            if csrf is not None:
+                data["csrf"] = csrf
+            refused = http.post("/action/set_tenant_weight", data=data)
+            assert refused.status_code == 403 and "CSRF" in refused.text
+        for weight in ("0", "-2", "abc", "", "  ", "nan", "inf", "-inf"):
+            bad = http.post("/action/set_tenant_weight", data={**good, "weight": weight})
+            assert bad.status_code == 400, weight
+            assert "the weight must be a positive number" in bad.text, weight
+        no_weight = {k: v for k, v in good.items() if k != "weight"}
+        assert http.post("/action/set_tenant_weight", data=no_weight).status_code == 400
+        no_tenant = {k: v for k, v in good.items() if k != "tenant"}
+        refused = http.post("/action/set_tenant_weight", data=no_tenant)
+        assert refused.status_code == 400 and "no tenant chosen" in refused.text
+        too_big = http.post("/action/set_tenant_weight", data={**good, "weight": "1e9"})
+        assert too_big.status_code == 400 and 'id="error"' in too_big.text
+        assert weights() == {"": 1.0, "acme": 1.0}
+
+        done = http.post("/action/set_tenant_weight", data=good)
+        assert done.status_code == 303 and done.headers["location"] == "/tenants"
+        assert weights() == {"": 1.0, "acme": 2.5}
+        done = http.post("/action/set_tenant_weight", data={**good, "tenant": "", "weight": "0.5"})
+        assert done.status_code == 303
+        assert weights() == {"": 0.5, "acme": 2.5}
+        rows = dict(tenant_rows(http.get("/tenants").text))
+        assert rows["acme"]["weight"] == "2.5" and rows[""]["weight"] == "0.5"
+
+
 # ------------------------------------------------------------------------------ the browser
 
 
@@ -403,3 +546,31 @@ def test_the_schedules_page_lists_every_schedule(
         assert XSS.split(">")[0] in table  # the payload is text
         assert page.evaluate("window.__xss") is None
         shot(page, "schedules")
+
+
+def test_the_tenants_page_sets_a_weight_and_refreshes_itself(
+    rqlite_cluster3: Cluster, queue_name: str, q: Transport, page: Any
+) -> None:
+    q.publish_many([{"group_id": f"acme-{i}", "event": i, "tenant": "acme"} for i in range(4)])
+    q.publish_many([{"group_id": f"globex-{i}", "event": i, "tenant": "globex"} for i in range(2)])
+    q.publish("evil", 1, tenant=XSS)
+    q.publish("plain", 1)
+    q.claim_many("w", 300, 3)
+    with dashboard(rqlite_cluster3.url, queue_name, "--allow-actions") as base:
+        page.goto(base + "/tenants")
+        page.select_option("select[name=tenant]", "acme")
+        page.fill("input[name=weight]", "3")
+        page.wait_for_timeout(1500)  # live refreshes must not wipe what the operator typed
+        page.click('[data-action="set_tenant_weight"]')
+        page.wait_for_url(re.compile(r"/tenants$"))
+        assert {t.name: t.weight for t in q.tenants()}["acme"] == 3.0
+        acme = page.locator('#tenant-table tr[data-tenant="acme"] [data-field="weight"]')
+        assert acme.inner_text() == "3"
+        rows = page.locator("#tenant-table tr[data-tenant]")
+        names = [rows.nth(i).get_attribute("data-tenant") for i in range(rows.count())]
+        assert names == [t.name for t in q.tenants()]
+        assert rows.nth(names.index(XSS)).locator("td").first.inner_text() == XSS  # as text
+        assert page.evaluate("window.__xss") is None
+        q.publish("initech-1", 1, tenant="initech")
+        page.wait_for_selector('#tenant-table tr[data-tenant="initech"]')  # the refresh
+        shot(page, "tenants")

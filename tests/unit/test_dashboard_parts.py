@@ -1,5 +1,6 @@
-"""The dashboard's pure parts on canned input: the rates its charts draw, and its reading of
-rqlite's `/nodes` and `/status` replies (the browser tests read real ones)."""
+"""The dashboard's pure parts on canned input: the rates its charts draw, its reading of
+rqlite's `/nodes` and `/status` replies (the browser tests read real ones), and how the tenants'
+page writes numbers and limits and reads a weight."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ import pytest
 
 pytest.importorskip("starlette", reason="the dashboard extra is not installed")
 
+from rqlite_queue import InvalidArgument
 from rqlite_queue._protocol.http import applied_index, parse_nodes
+from rqlite_queue.dashboard.app import _num, _rate_limit, _weight
 from rqlite_queue.dashboard.history import History, polyline
-from rqlite_queue.types import Stats
+from rqlite_queue.types import Stats, TenantInfo
 
 
 def stats(depth: int, last_seq: int, dead: int = 0) -> Stats:
@@ -61,3 +64,35 @@ def test_applied_index_from_status() -> None:
     assert applied_index({"store": {"raft": {"applied_index": 42}}}) == 42
     assert applied_index({"store": {}}) is None
     assert applied_index(None) is None
+
+
+def tenant(
+    rate: float | None = None, burst: float | None = None, tokens: float | None = None
+) -> TenantInfo:
+    return TenantInfo("acme", 1.0, 0, 0, 0, 0, rate=rate, burst=burst, tokens=tokens)
+
+
+def test_a_tenants_rate_limit_reads_as_a_sentence() -> None:
+    assert _rate_limit(tenant()) == "\u2014"
+    assert _rate_limit(tenant(rate=50.0, burst=10.0, tokens=3.2345)) == "50/s, burst 10, 3.2 left"
+    assert _rate_limit(tenant(rate=0.5, burst=1.0, tokens=0.0)) == "0.5/s, burst 1, 0 left"
+    assert _rate_limit(tenant(rate=2.0)) == "2/s"
+
+
+def test_numbers_without_noise() -> None:
+    assert [_num(v) for v in (4.0, 0.5, 2.25, 1_000_000.0, 0.001, None)] == [
+        "4",
+        "0.5",
+        "2.25",
+        "1000000",
+        "0.001",
+        "",
+    ]
+    assert _num(-0.01, 1) == "0" and _num(3.25, 1) == "3.2"
+
+
+def test_a_weight_from_a_form_is_a_positive_number() -> None:
+    assert _weight(" 2.5 ") == 2.5 and _weight("4") == 4.0
+    for bad in (None, "", "0", "-1", "x", "nan", "inf", "1,5"):
+        with pytest.raises(InvalidArgument, match="positive number"):
+            _weight(bad)

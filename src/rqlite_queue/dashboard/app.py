@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -30,12 +31,12 @@ from starlette.staticfiles import StaticFiles
 from .. import AsyncTransport
 from ..errors import InvalidArgument, LeaseLost, QueueError, Unavailable
 from ..timefmt import duration, utc
-from ..types import GROUP_STATES, MAX_BATCH, MAX_PRIORITY
+from ..types import GROUP_STATES, MAX_BATCH, MAX_PRIORITY, TenantInfo
 from .history import History, polyline
 from .security import Access, Csrf
 
 PAGE = 50
-"""Rows per page of groups and dead letters."""
+"""Rows per page of groups, tenants and dead letters."""
 
 _HERE = __file__.rsplit("/", 1)[0]
 
@@ -87,6 +88,8 @@ class _Dashboard:
         self.templates.filters["ago"] = lambda s: "" if s is None else duration(s)
         self.templates.filters["pretty"] = _pretty
         self.templates.filters["q"] = lambda value: quote(str(value), safe="")
+        self.templates.filters["num"] = _num
+        self.templates.filters["rate_limit"] = _rate_limit
         self.app = Starlette(
             routes=[
                 Route("/", self.overview),
@@ -97,6 +100,8 @@ class _Dashboard:
                 Route("/fragments/group", self.group_fragment),
                 Route("/dead", self.dead),
                 Route("/fragments/dead", self.dead_fragment),
+                Route("/tenants", self.tenants),
+                Route("/fragments/tenants", self.tenants_fragment),
                 Route("/schedules", self.schedules),
                 Route("/action/{name}", self.action, methods=["POST"]),
                 Mount("/static", StaticFiles(directory=f"{_HERE}/static"), name="static"),
@@ -240,6 +245,28 @@ class _Dashboard:
     async def dead_fragment(self, request: Request) -> Response:
         return self._page(request, "_dead.html", **await self._dead(request))
 
+    # ------------------------------------------------------------------ tenants
+
+    async def _tenants(self, request: Request) -> dict[str, Any]:
+        after = request.query_params.get("after") or None
+        stats, tenants = await asyncio.gather(
+            self.q.stats(), self.q.tenants(limit=PAGE, after=after)
+        )
+        shown = tenants if stats.tenants_on else []  # off: an explanation, not a table
+        return {
+            "tenants_on": stats.tenants_on,
+            "tenants": shown,
+            "after": after or "",
+            "next_after": shown[-1].name if len(shown) == PAGE else None,
+            "query": request.url.query,
+        }
+
+    async def tenants(self, request: Request) -> Response:
+        return self._page(request, "tenants.html", **await self._tenants(request))
+
+    async def tenants_fragment(self, request: Request) -> Response:
+        return self._page(request, "_tenants.html", **await self._tenants(request))
+
     async def schedules(self, request: Request) -> Response:
         return self._page(request, "schedules.html", schedules=await self.q.schedules())
 
@@ -277,6 +304,12 @@ class _Dashboard:
             except ValueError:
                 raise InvalidArgument("seq must be whole numbers") from None
 
+        def tenant(form: FormData) -> str:
+            name = form.get("tenant")
+            if name is None:
+                raise InvalidArgument("no tenant chosen")
+            return str(name)
+
         return {
             "hold": lambda f: q.hold_group(group(f)),
             "release": lambda f: q.release_group(group(f)),
@@ -290,6 +323,7 @@ class _Dashboard:
             "purge_all": lambda f: q.purge_dead(None),
             "pause": lambda f: q.pause(),
             "resume": lambda f: q.resume(),
+            "set_tenant_weight": lambda f: q.set_tenant(tenant(f), weight=_weight(f.get("weight"))),
         }
 
 
@@ -311,6 +345,41 @@ def _int(value: Any, default: int, low: int, high: int, *, strict: bool = False)
     if not low <= number <= high:
         raise InvalidArgument(f"{number} is not from {low} to {high}")
     return number
+
+
+def _weight(value: Any) -> float:
+    """A tenant's weight as typed in the form: a positive number (`set_tenant` checks its
+    range)."""
+    text = "" if value is None else str(value).strip()
+    try:
+        number = float(text)
+    except ValueError:
+        number = math.nan
+    if not (math.isfinite(number) and number > 0):
+        raise InvalidArgument(f"the weight must be a positive number, got {text[:40]!r}")
+    return number
+
+
+def _num(value: float | None, places: int = 6) -> str:
+    """A number without noise or exponent, to `places` decimals at most: 4, 0.5, 1000000;
+    '' for None."""
+    if value is None:
+        return ""
+    text = f"{value:.{places}f}"
+    text = text.rstrip("0").rstrip(".") if "." in text else text
+    return "0" if text == "-0" else text
+
+
+def _rate_limit(tenant: TenantInfo) -> str:
+    """'50/s, burst 10, 3.2 left', or '—' for a tenant without a rate limit."""
+    if tenant.rate is None:
+        return "—"
+    parts = [f"{_num(tenant.rate)}/s"]
+    if tenant.burst is not None:
+        parts.append(f"burst {_num(tenant.burst)}")
+    if tenant.tokens is not None:
+        parts.append(f"{_num(tenant.tokens, 1)} left")
+    return ", ".join(parts)
 
 
 def _pretty(event: Any) -> str:
