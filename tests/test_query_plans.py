@@ -29,14 +29,17 @@ BACKLOG = 20_000
 # SQLite's `sqlite_sequence` (one row per queue in the database: a publish reads its last seq
 # there), the walk of the all-ready index in its own order under a LIMIT (claim without a
 # priority floor), which stops after `count` rows; with tenants on, the walk of the index of
-# tenants with claimable work in its own order under a LIMIT and the scan of the few tenants
-# it found ("SCAN t"); the one-time scans that turn tenants on, behind the flag's row, empty
+# tenants with claimable work in its own order, under a LIMIT (the claim) or until one has
+# something left of its limits (the probe), and the scan of the few tenants it found ("SCAN
+# t"); the walk of the index of rate-limited tenants (the probe: when the next token comes)
+# and of bounded ones (a publish: are there any);
+# the one-time scans that turn tenants on, behind the flag's row, empty
 # from then on ("all_groups", "all_tenants"; `test_claim_cost_is_flat` measures all of them);
 # and the walk of the groups' primary key in its own order under a LIMIT (a page of `groups()`).
 FULL_SCAN = re.compile(
     r"^SCAN (?!\(|CONSTANT ROW|\w VIRTUAL TABLE|x$|t$|sqlite_sequence$|all_groups\b|all_tenants\b"
     r"|rq_\w+_groups USING INDEX rq_\w+_groups_ready$"
-    r"|rq_\w+_tenants USING INDEX rq_\w+_tenants_ready$"
+    r"|(rq_\w+_tenants|x) USING INDEX rq_\w+_tenants_(ready|rated|bounded)$"
     r"|g USING INDEX sqlite_autoindex_rq_\w+_groups_1$)"
 )
 TENANTS = 1_000
@@ -76,6 +79,9 @@ def hot_batches(n: sql.Names) -> dict[str, sql.Batch]:
         "publish": publish([sql.NewMessage("g", "{}", 0)]),
         "publish with a tenant": publish([sql.NewMessage("g", "{}", 0, tenant="t7")]),
         "publish dedup": publish([dedup], prune=0.5),
+        "publish debounced": publish(
+            [sql.NewMessage("g5", "{}", 0, debounce="k", due=9.0, due_by=20.0)]
+        ),
         "publish_many mixed": publish(mixed),
         "publish delayed, with a ttl": publish(
             [sql.NewMessage("g", "{}", 0, None, due=9.0, expires=20.0)]
@@ -92,8 +98,8 @@ def hot_batches(n: sql.Names) -> dict[str, sql.Batch]:
         "dead_letter": settle(finish=[held], dead={5: "r"}),
         "dead_letter and hold": settle(finish=[held], dead={5: "r"}, hold=frozenset({5})),
         "prune empty groups": sql.round_trip(n, now=1.0, prune=True),
-        "probe": sql.probe(n, min_priority=0),
-        "probe min_priority=4": sql.probe(n, min_priority=4),
+        "probe": sql.probe(n, min_priority=0, now=1.0),
+        "probe min_priority=4": sql.probe(n, min_priority=4, now=1.0),
         "hold": sql.hold(n, "g5", now=1.0),
         "release": sql.release(n, "g5"),
         "requeue_dead": sql.requeue_dead(n, [1, 2], now=1.0),
@@ -106,7 +112,10 @@ def hot_batches(n: sql.Names) -> dict[str, sql.Batch]:
         "cancel_group": sql.cancel_group(n, "g5", "why", now=1.0),
         "set_priority": sql.set_priority(n, "g5", 3),
         "pause": sql.set_paused(n, True),
-        "set_tenant": sql.set_tenant(n, "t7", weight=2.0),
+        "set_tenant": sql.set_tenant(n, "t7", {"weight": 2.0}, now=1.0),
+        "set_tenant limits": sql.set_tenant(
+            n, "t7", {"cap": 3, "rate": 5.0, "burst": 5.0, "max_queued": 9}, now=1.0
+        ),
     }
 
 
@@ -233,8 +242,12 @@ def test_claim_cost_is_flat(name: str, tmp_path: Path) -> None:
             return executor.execute(batch, time.monotonic() + 60)
 
         create(n, execute)
+        # Tenants on for the batches of a queue with tenants (a plain claim refuses to run
+        # on one: its client learns they are on and claims by weight).
+        tenanted = "tenant" in name
         messages = [
-            sql.NewMessage(f"g{i}", "{}", 0, tenant=f"t{i % (size // 20)}") for i in range(size)
+            sql.NewMessage(f"g{i}", "{}", 0, tenant=f"t{i % (size // 20)}" if tenanted else None)
+            for i in range(size)
         ]
         messages.append(sql.NewMessage("urgent", "{}", 4))
         # As many delayed messages, half heading groups of their own, half behind others.

@@ -79,17 +79,23 @@ def test_every_operation_is_one_http_request(rqlite_cluster3: Cluster) -> None:
     q.close()
 
 
-def test_rqlite_keeps_the_rows_of_the_claims_returning_form(rqlite_cluster3: Cluster) -> None:
+@pytest.mark.parametrize("tenants", [False, True])
+def test_rqlite_keeps_the_rows_of_the_claims_returning_form(
+    rqlite_cluster3: Cluster, tenants: bool
+) -> None:
     """A claim without a priority floor, settling at most one lease, reads its leases from its
     own `UPDATE ... RETURNING`. rqlite keeps those rows only for statements its SQL parser
     takes (an unquoted `key` column, an `UPDATE t AS g` were not); when it drops them the
-    transport falls back to a resend, correct but one more request: none must happen here."""
+    transport falls back to a resend, correct but one more request: none must happen here,
+    in plain round-robin or sharing between tenants within their limits."""
     url = rqlite_cluster3.followers()[0].http_url
     q = RqliteTransport(url, queue=fresh_queue())
+    if tenants:
+        q.set_tenant("", weight=2, rate=100, max_in_flight=5)
     q.publish_many([("a", 1), ("b", 2), ("a", 3)])
     core = q.router.backend.core
     spec = RoundSpec(worker_id="w", visibility=30, n=1)
-    assert core.round(core.check_round(spec)).batch.returning  # the form under test
+    assert core.round(core.check_round(spec), tenants).batch.returning  # the form under test
     first = q.settle_and_claim("w", 30, 1)
     assert [(lease.group_id, lease.event, lease.attempts) for lease in first.leases] == [
         ("a", 1, 1)

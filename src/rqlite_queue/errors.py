@@ -2,7 +2,7 @@
 says whether the call applied, and so what to do next:
 
 - not applied, fix the input: `InvalidArgument` (`PayloadTooLarge`, `EncodeError`);
-- not applied, retry later: `Unavailable` (`NoLeader`, `ShardDown`);
+- not applied, retry later: `Unavailable` (`NoLeader`, `ShardDown`), `QueueFull`;
 - may have applied: `OutcomeUnknown` (retry only what is safe to repeat);
 - partly applied: `PartialRound` (resend what it lists);
 - not applied, and retrying cannot help: `LeaseLost` (drop the result), `StaleShardList`,
@@ -32,6 +32,26 @@ class TenantMismatch(InvalidArgument):
     """A publish named a tenant other than the one its group has: a group's tenant is set by
     the publish that creates (or refills) it and never changes while it has messages.
     Nothing was written."""
+
+
+class QueueFull(QueueError):
+    """A publish would take a tenant's queued messages, or one of its groups', over the bound
+    `set_tenant(max_queued=, max_group_queued=)` set: nothing was written (nothing of a
+    `publish_many`). Retry later, or shed the work. `tenant`, `group_id` (None: the tenant's
+    bound) and `limit` say which bound, as read just after the refusal."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        tenant: str | None = None,
+        group_id: str | None = None,
+        limit: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.tenant = tenant
+        self.group_id = group_id
+        self.limit = limit
 
 
 class PayloadTooLarge(InvalidArgument):

@@ -16,7 +16,7 @@ GROUP_STATES = ("ready", "leased", "parked", "delayed", "held")
 
 PublishItem = tuple[str, Any] | tuple[str, Any, int] | Mapping[str, Any]
 """`(group_id, event)`, `(group_id, event, priority)`, or a mapping with those keys (and
-optionally `dedup_id`, `delay`, `not_before`, `ttl`)."""
+optionally `dedup_id`, `delay`, `not_before`, `ttl`, `tenant`, `debounce`, `max_wait`)."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -158,6 +158,18 @@ class TenantInfo:
     """Its leases not lapsed."""
     depth: int
     """Its messages."""
+    rate: float | None = None
+    """Its rate limit: claims per second, cluster-wide (None: none)."""
+    burst: float | None = None
+    """How many claims it may take at once after a quiet spell (with `rate`)."""
+    tokens: float | None = None
+    """What is left of its burst now: claims it may take before waiting (with `rate`)."""
+    max_in_flight: int | None = None
+    """At most this many of its groups are leased at once (None: no cap)."""
+    max_queued: int | None = None
+    """A publish that would take its messages over this raises `QueueFull` (None: none)."""
+    max_group_queued: int | None = None
+    """The same bound for each of its groups' messages (None: none)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,7 +211,8 @@ class Round:
 @dataclass(frozen=True, slots=True)
 class Probe:
     """A look at the queue without a Raft round: is a group claimable now, when does the
-    earliest lease, park or delayed head end (None: none), when is the next schedule due."""
+    earliest lease, park or delayed head end or a rate-limited tenant with work get its next
+    token (None: none), when is the next schedule due."""
 
     claimable: bool
     next_due: float | None

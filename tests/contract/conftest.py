@@ -47,6 +47,8 @@ ONE_TOPOLOGY_ENOUGH = {
     "test_admin",
     "test_follow_ups",
     "test_tenants",
+    "test_limits",
+    "test_debounce",
 }
 """Modules whose checks are the same code on every rqlite topology (arguments are checked
 before any I/O; the fake clock and the injected lost replies sit above the HTTP client; admin

@@ -37,7 +37,8 @@ def main() -> int:
 
 
 def make(version: int) -> int:
-    """Writes `fixtures/v{version}.db` and `.json` (`make_v3_fixture.py` runs it at v3)."""
+    """Writes `fixtures/v{version}.db` and `.json` (`make_v3_fixture.py` and
+    `make_v4_fixture.py` run it at v3 and v4)."""
     if version != SCHEMA_VERSION:
         print(
             f"this is schema v{SCHEMA_VERSION} code: run it against the v{version} code",
@@ -81,6 +82,16 @@ def make(version: int) -> int:
     other.publish("held", {"n": 0})
     other.hold_group("held")
     other.close()
+    if version >= 4:
+        # What only v4 has: a queue whose tenants are on, a weight, a tenant's lease in flight.
+        tenanted = SqliteTransport(str(path), clock, queue="tenanted")
+        tenanted.set_tenant("acme", weight=2)
+        tenanted.publish_many(
+            [{"group_id": f"a{i}", "event": i, "tenant": "acme"} for i in range(3)]
+        )
+        tenanted.publish_many([(f"d{i}", i) for i in range(2)])
+        tenanted.claim_many("w4", 3600, 1)
+        tenanted.close()
     stats = q.stats()
     q.close()
     with sqlite3.connect(path) as db:
@@ -92,7 +103,7 @@ def make(version: int) -> int:
         "made_by": f"tests/migration/make_v{version}_fixture.py at commit {_commit()} "
         f"(schema v{version})",
         "clock": clock.now,
-        "queues": ["default", "other"],
+        "queues": ["default", "other", *(["tenanted"] if version >= 4 else [])],
         "leased": {
             "seq": leased.seq,
             "group_id": leased.group_id,

@@ -1,7 +1,7 @@
-"""The upgrade path, tested from real older databases: `fixtures/v1.db`, `v2.db` and `v3.db` were
-written by the schema-v1, v2 and v3 code (see `make_v1_fixture.py`, `make_v2_fixture.py`,
-`make_v3_fixture.py`), with a message leased, one parked, one lapsed, one dead-lettered and
-deduplicated publishes in them (and, since v2, a schedule and a held group). Opened by this
+"""The upgrade path, tested from real older databases: `fixtures/v1.db` to `v4.db` were
+written by the schema-v1 to v4 code (see `make_v1_fixture.py` to `make_v4_fixture.py`), with a
+message leased, one parked, one lapsed, one dead-lettered and deduplicated publishes in them
+(and, since v2, a schedule and a held group; in v4, a queue whose tenants are on). Opened by this
 code (several clients racing to upgrade it, on SQLite and on a 3-node rqlite), every one of
 them behaves as before."""
 
@@ -11,6 +11,7 @@ import json
 import shutil
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,10 +20,11 @@ import httpx
 import pytest
 
 from rqlite_queue import Lease, LeaseLost, RqliteTransport, SqliteTransport, Transport
+from rqlite_queue._protocol import sql
 from rqlite_queue.testing import Cluster
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
-VERSIONS = ["v1", "v2", "v3"]
+VERSIONS = ["v1", "v2", "v3", "v4"]
 RACERS = 4
 
 
@@ -247,3 +249,32 @@ def test_upgraded_groups_are_the_default_tenants_and_fair_share_counts_them(
     counts = {t.name: (t.ready, t.in_flight) for t in q.tenants()}
     # In flight in the default tenant: the fixture's hour-long lease and the one just taken.
     assert counts == {"": (len(ready) - 1, 2), "new": (3, 3)}
+
+
+def test_a_v4_queue_with_tenants_on_keeps_them_and_takes_limits(
+    open_v1: Callable[..., Transport], version: str
+) -> None:
+    """Schema v5: a queue whose tenants were on keeps its weights and counts, and its claims
+    keep to limits set after the upgrade, even those of a client that assumes tenants off
+    (the upgrade marks the queue so that such a claim fails and is made again)."""
+    if version != "v4":
+        pytest.skip("tenants came with v4")
+    clock = Clock(facts(version)["clock"] + 1)
+    q = open_v1(clock, queue="tenanted")
+    q.setup()
+    assert q.stats().tenants_on
+    tenants = {t.name: t for t in q.tenants()}
+    assert tenants["acme"].weight == 2.0
+    assert (tenants["acme"].groups, tenants[""].groups) == (3, 2)
+    assert tenants["acme"].in_flight + tenants[""].in_flight == 1  # the fixture's lease
+    mark = sql.Statement("SELECT token FROM rq_tenanted_claims WHERE token = '*'", {})
+    executor = q.router.backend.executor  # type: ignore[attr-defined]
+    [found] = executor.execute(sql.Batch((mark,), write=False), time.monotonic() + 30)
+    assert found.rows == [["*"]]
+    q.set_tenant("acme", max_in_flight=1)
+    q.set_tenant("", max_in_flight=1)
+    q.router.backend.fair = False  # type: ignore[attr-defined]
+    leases = q.claim_many("w", 30, 10)
+    assert len(leases) == 1  # the tenant without the fixture's lease, once
+    assert q.router.backend.fair  # type: ignore[attr-defined]
+    assert q.claim_many("w", 30, 10) == []

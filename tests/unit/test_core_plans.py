@@ -209,6 +209,9 @@ def every_batch(c: QueueCore) -> dict[str, sql.Batch]:
         "publish_many": publish_many(
             c, [{"group_id": f"g{i}", "event": i, "dedup_id": f"d{i}"} for i in range(500)]
         ).batch,
+        "publish_many debounced": publish_many(
+            c, [{"group_id": f"g{i}", "event": i, "debounce": f"k{i}"} for i in range(500)]
+        ).batch,
         "round": round_(
             c,
             worker_id="w" * 500,

@@ -26,7 +26,7 @@ from .._protocol.core import (
     lease_lost,
 )
 from .._protocol.http import parse_endpoints, redact
-from .._protocol.params import Message, RoundSpec, ScheduleSpec
+from .._protocol.params import Message, RoundSpec, ScheduleSpec, tenant_settings
 from .._protocol.sharding import ShardList, ShardSpec, check_shard_name, parse_shard_list
 from ..codec import Codec
 from ..errors import InvalidArgument, OutcomeUnknown, Unavailable
@@ -157,6 +157,8 @@ class AsyncTransport:
         not_before: float | None = None,
         ttl: float | None = None,
         tenant: str | None = None,
+        debounce: str | None = None,
+        max_wait: float | None = None,
         connection: object = None,
     ) -> int:
         """Append `event` to `group_id`'s FIFO; returns its seq. `priority` (0-4) is fixed by
@@ -171,6 +173,13 @@ class AsyncTransport:
         raises `TenantMismatch`. Without it, the queue's tenant rule (`set_tenant_rule`)
         or the default tenant decides.
 
+        `debounce` (a key): if the group has a message with the same key that it has not
+        delivered yet, this publish replaces it instead of adding one: its event, ttl and
+        due time become this one's, its place in the group's order is kept, and its seq is
+        returned. With `delay`, each publish of a run pushes the delivery back; `max_wait`
+        (seconds): never later than that after the run's first publish. Not with `dedup_id`
+        (sent again, a debounced publish replaces its message again).
+
         `connection` (the embedded queue): a `sqlite3.Connection` of the caller's to the
         queue's file, with a transaction open; the publish runs in that transaction, and
         commits or rolls back with the caller's own writes."""
@@ -183,6 +192,8 @@ class AsyncTransport:
             not_before=not_before,
             ttl=ttl,
             tenant=tenant,
+            debounce=debounce,
+            max_wait=max_wait,
         )
         return (await self._publish([message], connection))[0]
 
@@ -438,12 +449,38 @@ class AsyncTransport:
         plan = self._core.set_priority(group_id, priority)
         return await self.router.on_group(group_id, plan, self._by())
 
-    async def set_tenant(self, name: str, *, weight: float = 1.0) -> None:
-        """Set a tenant's weight: while several tenants have claimable work, claims without a
-        priority floor are shared between them in proportion to their weights, whatever
-        number of groups each has (`name` '' is the default tenant). On a sharded queue, on
-        every shard (each shares its own claims)."""
-        await self.router.everywhere(self._core.set_tenant(name, weight), self._by(), "set_tenant")
+    async def set_tenant(
+        self,
+        name: str,
+        *,
+        weight: float | None = None,
+        rate: float | None = None,
+        burst: float | None = None,
+        max_in_flight: float | None = None,
+        max_queued: float | None = None,
+        max_group_queued: float | None = None,
+    ) -> None:
+        """Set a tenant's weight and limits (`name` '' is the default tenant). A setting left
+        out (None) keeps its stored value; `math.inf` removes a limit. A new tenant weighs 1
+        and has no limits.
+
+        - `weight`: while several tenants have claimable work, claims without a priority
+          floor are shared between them in proportion to their weights, whatever number of
+          groups each has.
+        - `rate` (claims per second) and `burst` (claims at once after a quiet spell; default
+          one second's worth, at least 1): a token bucket that every claim draws from; a
+          tenant out of tokens is passed over until its next one (idle workers wake then).
+        - `max_in_flight`: at most this many of its groups leased at once (a lapsed lease
+          frees its slot; 0 stops its claims).
+        - `max_queued`, `max_group_queued`: a publish (or follow-up) that would take the
+          tenant's messages, or one of its groups', over the bound raises `QueueFull` and
+          writes nothing.
+
+        On a sharded queue, the settings are stored on every shard and each shard enforces
+        them on its own groups: limits are per shard."""
+        settings = tenant_settings(weight, rate, burst, max_in_flight, max_queued, max_group_queued)
+        plan = self._core.set_tenant(name, settings)
+        await self.router.everywhere(plan, self._by(), "set_tenant")
 
     async def set_tenant_rule(self, separator: str | None) -> None:
         """Groups created from now on without `tenant=` belong to the part of their id before

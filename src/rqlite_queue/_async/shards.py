@@ -35,6 +35,7 @@ from ..errors import (
     OutcomeUnknown,
     PartialRound,
     QueueError,
+    QueueFull,
     ShardDown,
     Unavailable,
 )
@@ -218,19 +219,21 @@ class AsyncShardRouter:
             self.check_up(name)
         waiting = await self.moves.still_on_old_shards({m.group_id for m in messages}, deadline)
 
-        async def part(name: str, backend: AsyncBackend) -> list[int]:
+        async def part(name: str, backend: AsyncBackend) -> list[int] | QueueFull:
             held = sorted({messages[i].group_id for i in parts[name]} & waiting)
             try:
                 plan = self.core.guarded(plans[name], self.shard_list.epoch, held)
                 return await backend.run(plan, deadline)
+            except QueueFull as exc:  # this shard's part only: the others may be written
+                return exc
             except BackendError as exc:
                 raise self.moves.stale(name, exc) from exc
 
         results = await self.on_many(list(parts), part)
-        published = {n: r for n, r in results.items() if not isinstance(r, BaseException)}
+        published = {n: r for n, r in results.items() if isinstance(r, list)}
         failed = [(n, r) for n, r in results.items() if isinstance(r, BaseException)]
-        if failed and len(parts) == 1:
-            raise failed[0][1]
+        if failed and (len(parts) == 1 or (not published and _all_full(failed))):
+            raise failed[0][1]  # nothing was written
         if failed:
             raise Unavailable(
                 f"publish_many: not published on shard(s) "
@@ -426,3 +429,7 @@ class AsyncShardRouter:
         await self._fan.close()
         for name in self.names:
             await self.backends[name].close()
+
+
+def _all_full(failed: Sequence[tuple[str, BaseException]]) -> bool:
+    return all(isinstance(exc, QueueFull) for _, exc in failed)

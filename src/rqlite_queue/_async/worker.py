@@ -255,6 +255,8 @@ class AsyncWorker:
         self._finish = self._check_follow_ups if follow_ups else None
         self._next_tick = 0.0
         """When (the transport's clock) to look for due schedules next."""
+        self._next_due: float | None = None
+        """When the last idle probe said a lease, park, delay or rate limit ends."""
 
     # ----------------------------------------------------------------------------- control
 
@@ -433,6 +435,7 @@ class AsyncWorker:
             return False
         if probe.next_tick is not None:
             self._next_tick = min(self._next_tick, probe.next_tick)
+        self._next_due = probe.next_due
         return probe.claimable or (
             probe.next_due is not None and probe.next_due <= self.transport.clock()
         )
@@ -458,6 +461,10 @@ class AsyncWorker:
         wait = self.heartbeat_interval
         if polling:
             wait = min(wait, self.poll_interval)
+            if self._next_due is not None:
+                # A lease, park or delay ends, or a rate-limited tenant gets its next token,
+                # before the next poll: wake then, not a poll later.
+                wait = min(wait, max(0.0, self._next_due - self.transport.clock()) + 0.001)
         if self._retry:
             wait = min(wait, max(0.0, self._retry_at - now))
         if give_up_at is not None:

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from ..codec import Codec, as_codec
 from ..errors import (
+    BackendError,
     ClockSkew,
     DecodeError,
     EncodeError,
@@ -24,6 +25,7 @@ from ..errors import (
     OutcomeUnknown,
     PayloadTooLarge,
     QueueError,
+    QueueFull,
     SchemaError,
     TenantMismatch,
     TransportClosed,
@@ -63,11 +65,19 @@ from .params import (
     at_index,
     check_reason,
     check_tenant,
-    check_weight,
 )
 from .sharding import scoped_dedup_id
 
 T = TypeVar("T")
+
+
+_FULL = "this publish would go over a bound on queued messages (nothing was written)"
+
+
+class TenantsTurnedOn(BackendError):
+    """A claim that assumed the queue's tenants off found them on (it changed nothing): the
+    client now knows, and claims again (never reaches the caller)."""
+
 
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
 DEFAULT_DEDUP_WINDOW = 300.0
@@ -95,6 +105,9 @@ class Plan(Generic[T]):
     first checks that its cluster's clock is close enough to this client's for them."""
     tenants_on: bool = False
     """Once applied, the queue's tenants are on (its claims share by weight from then on)."""
+    explain: Plan[QueueError] | None = None
+    """When the batch is refused for going over a bound (`QueueFull`), the read that says
+    which one."""
 
 
 class QueueCore:
@@ -169,10 +182,16 @@ class QueueCore:
 
     # ------------------------------------------------------------------------ setup
 
-    def bootstrap(self) -> Plan[int]:
-        """Create the version record if missing and read it (0: a new database)."""
+    def bootstrap(self, learn: Callable[[bool], None] | None = None) -> Plan[int]:
+        """Create the version record if missing and read it (0: a new database), and tell
+        `learn` whether the queue's tenants are on."""
         self._now()
-        return Plan(sql.bootstrap(self.names), sql.read_version, sql.read_version)
+
+        def read(reply: sql.Reply) -> int:
+            _tell(learn, reply)
+            return sql.read_version(reply)
+
+        return Plan(sql.bootstrap(self.names), read, read)
 
     def schema_version(self) -> Plan[int]:
         """The stored schema version, read only."""
@@ -210,7 +229,7 @@ class QueueCore:
 
     def checked_items(self, items: Iterable[PublishItem], *, scoped: bool) -> CheckedItems:
         """`items` checked and encoded once, for a later round's follow-ups."""
-        rows = tuple(self.messages(Message.parse_many(items), scoped=scoped))
+        rows = tuple(self._follow_up_rows(Message.parse_many(items), scoped))
         ids = frozenset(m.dedup_id for m in rows if m.dedup_id is not None)
         return CheckedItems(rows, ids, self)
 
@@ -220,25 +239,59 @@ class QueueCore:
             if items.origin is not self:
                 raise InvalidArgument("these items were checked by another queue")
             return items.rows
-        return self.messages(Message.parse_many(items), scoped=scoped)  # type: ignore[arg-type]
+        return self._follow_up_rows(Message.parse_many(items), scoped)  # type: ignore[arg-type]
+
+    def _follow_up_rows(self, given: Sequence[Message], scoped: bool) -> list[sql.NewMessage]:
+        """Follow-ups are published as they are: a debounce key has no pending message to
+        replace in an ack's transaction that it could name (refused)."""
+        rows = self.messages(given, scoped=scoped)
+        for index, row in enumerate(rows):
+            if row.debounce is not None:
+                exc = InvalidArgument("debounce= is for publish and publish_many, not follow-ups")
+                exc.index = index
+                raise exc
+        return rows
 
     def publish(self, messages: Sequence[sql.NewMessage]) -> Plan[list[int]]:
         """Publish checked messages atomically; the plan reads their seqs, in order."""
         now = self._now()
-        # A dedup id repeated within one batch is one message: its repeats get its seq.
+        # A dedup id repeated within one batch is one message: its repeats get its seq. So is
+        # a debounce key repeated in a group: the first's place, the last's content.
         unique: list[sql.NewMessage] = []
-        seen: set[str] = set()
+        where: list[int] = []  # each message's index in `unique`
+        first: dict[tuple[str, str], int] = {}
         tenants: dict[str, str] = {}
         for index, m in enumerate(messages):
             if m.tenant is not None and tenants.setdefault(m.group_id, m.tenant) != m.tenant:
                 exc = TenantMismatch(f"group {show(m.group_id)} is given two tenants")
                 exc.index = index
                 raise exc
-            if m.dedup_id is not None:
-                if m.dedup_id in seen:
-                    continue
-                seen.add(m.dedup_id)
+            key = (
+                ("d", m.dedup_id)
+                if m.dedup_id is not None
+                else (m.group_id, m.debounce)
+                if m.debounce is not None
+                else None
+            )
+            if key is not None and key in first:
+                at = first[key]
+                if m.debounce is not None:
+                    run = unique[at]
+                    due = m.due if run.due_by is None else min(m.due, run.due_by)
+                    unique[at] = dataclasses.replace(
+                        run,
+                        event=m.event,
+                        due=due,
+                        expires=m.expires,
+                        tenant=m.tenant or run.tenant,
+                    )
+                where.append(at)
+                continue
+            if key is not None:
+                first[key] = len(unique)
+            where.append(len(unique))
             unique.append(m)
+        seen = {m.dedup_id for m in unique if m.dedup_id is not None}
         # Forget ids a whole window after they expired: a publisher whose clock runs ahead of
         # another's by up to the window cannot prune ids the other still relies on.
         prune = bool(seen) and self.chance() < PRUNE_CHANCE
@@ -251,14 +304,41 @@ class QueueCore:
         )
 
         def read(reply: sql.Reply) -> list[int]:
-            seqs = dict(zip(map(id, unique), sql.read_published(reply, unique), strict=True))
-            by_dedup = {m.dedup_id: seqs[id(m)] for m in unique if m.dedup_id is not None}
-            return [seqs[id(m)] if m.dedup_id is None else by_dedup[m.dedup_id] for m in messages]
+            seqs = sql.read_published(reply, unique)
+            return [seqs[at] for at in where]
 
         # Only dedup ids make a second send harmless: it then finds the ids and inserts nothing.
         every_message_deduplicated = all(m.dedup_id is not None for m in messages)
         named = any(m.tenant is not None for m in unique)
-        return Plan(batch, read, read if every_message_deduplicated else None, tenants_on=named)
+        return Plan(
+            batch,
+            read,
+            read if every_message_deduplicated else None,
+            tenants_on=named,
+            explain=self._queue_full(unique),
+        )
+
+    def _queue_full(self, messages: Sequence[sql.NewMessage]) -> Plan[QueueError]:
+        """The read that names the bound a refused publish would have gone over."""
+
+        def read(reply: sql.Reply) -> QueueError:
+            reached = sql.read_bounds_reached(reply)
+            if reached is None:
+                return QueueFull(_FULL + " (since the refusal, messages were taken)")
+            tenant = show(reached.tenant) if reached.tenant else "the default tenant"
+            where = (
+                f"group {show(reached.group_id)} of tenant {tenant}"
+                if reached.group_id is not None
+                else f"tenant {tenant}"
+            )
+            return QueueFull(
+                f"{_FULL}: {where} may hold at most {reached.limit} messages",
+                tenant=reached.tenant,
+                group_id=reached.group_id,
+                limit=reached.limit,
+            )
+
+        return Plan(sql.bounds_reached(self.names, messages), read)
 
     def _dedup_id(self, event: Any) -> str | None:
         if self.dedup_key is None:
@@ -393,13 +473,12 @@ class QueueCore:
 
     def probe(self, min_priority: int, learn: Callable[[bool], None] | None = None) -> Plan[Probe]:
         check_int(min_priority, "min_priority", 0, MAX_PRIORITY)
-        self._now()
 
         def read(reply: sql.Reply) -> Probe:
             _tell(learn, reply)
             return Probe(*sql.read_probe(reply))
 
-        return Plan(sql.probe(self.names, min_priority=min_priority), read)
+        return Plan(sql.probe(self.names, min_priority=min_priority, now=self._now()), read)
 
     # ------------------------------------------------------------------ holds
 
@@ -485,11 +564,11 @@ class QueueCore:
 
     # ------------------------------------------------------------------ tenants
 
-    def set_tenant(self, name: object, weight: object) -> Plan[None]:
-        """Store a tenant's weight (safe to resend: it sets, it does not add)."""
+    def set_tenant(self, name: object, settings: Mapping[str, float | None]) -> Plan[None]:
+        """Store some of a tenant's settings (`params.tenant_settings`; safe to resend: it
+        sets, it does not add)."""
         tenant = "" if name == "" else check_tenant(name)
-        batch = sql.set_tenant(self.names, tenant, weight=check_weight(weight))
-        self._now()
+        batch = sql.set_tenant(self.names, tenant, settings, now=self._now())
         return Plan(batch, _nothing, _nothing, tenants_on=True)
 
     def set_tenant_separator(self, separator: object) -> Plan[None]:
@@ -512,6 +591,10 @@ class QueueCore:
     def refined(self, error: QueueError) -> QueueError:
         """The typed error a failed batch stands for (a guard statement's refusal), or
         `error` itself."""
+        if sql.QUEUE_FULL_ERROR.format(tenants=self.names.tenants) in str(error):
+            return QueueFull(_FULL)
+        if sql.TENANTS_ON_ERROR.format(claims=self.names.claims) in str(error):
+            return TenantsTurnedOn(str(error))
         if sql.TENANT_CHANGE_ERROR.format(tenants=self.names.tenants) in str(error):
             return TenantMismatch(
                 "a group's tenant never changes while it has messages: this publish names "
@@ -711,7 +794,13 @@ class QueueCore:
                 )
             ]
         batch = sql.guarded(plan.batch, [*first, *statements])
-        return Plan(batch, plan.read, plan.read if first else None, tenants_on=plan.tenants_on)
+        return Plan(
+            batch,
+            plan.read,
+            plan.read if first else None,
+            tenants_on=plan.tenants_on,
+            explain=plan.explain,
+        )
 
     def is_done_transaction(self, error: QueueError) -> bool:
         """Whether a transaction failed because it applied already (its id is remembered)."""

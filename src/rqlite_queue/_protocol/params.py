@@ -8,6 +8,7 @@ field here with its check and meaning (plus the SQL, if it is stored)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
@@ -50,6 +51,8 @@ class Message:
     not_before: Any = None
     ttl: Any = None
     tenant: Any = None
+    debounce: Any = None
+    max_wait: Any = None
 
     def checked(
         self, now: float, encode: Callable[[Any], str], dedup_id: Callable[[Any], str | None]
@@ -73,11 +76,37 @@ class Message:
             expires = now + self.ttl
         if self.tenant is not None:
             check_tenant(self.tenant)
+        due_by = None
+        if self.debounce is not None:
+            check_id(self.debounce, "debounce")
+            if self.dedup_id is not None:
+                raise InvalidArgument(
+                    "give dedup_id= or debounce=, not both (a debounced publish replaces its "
+                    "pending message: sent again, it replaces it again)"
+                )
+            if self.max_wait is not None:
+                check_seconds(self.max_wait, "max_wait", allow_zero=True)
+                due_by = now + self.max_wait
+                due = min(due, due_by)
+        elif self.max_wait is not None:
+            raise InvalidArgument("max_wait= goes with debounce=")
         text = encode(self.event)
-        dedup = self.dedup_id if self.dedup_id is not None else dedup_id(self.event)
+        dedup = None
+        if self.debounce is None:
+            dedup = self.dedup_id if self.dedup_id is not None else dedup_id(self.event)
         if dedup is not None:
             check_id(dedup, "dedup_id")
-        return sql.NewMessage(self.group_id, text, self.priority, dedup, due, expires, self.tenant)
+        return sql.NewMessage(
+            self.group_id,
+            text,
+            self.priority,
+            dedup,
+            due,
+            expires,
+            self.tenant,
+            self.debounce,
+            due_by,
+        )
 
     @classmethod
     def parse(cls, item: PublishItem) -> Message:
@@ -123,6 +152,55 @@ def check_weight(weight: object) -> float:
     if not 0.001 <= weight <= 1_000_000:
         raise InvalidArgument(f"weight must be in [0.001, 1000000], got {show(weight)}")
     return float(weight)
+
+
+def tenant_settings(
+    weight: object = None,
+    rate: object = None,
+    burst: object = None,
+    max_in_flight: object = None,
+    max_queued: object = None,
+    max_group_queued: object = None,
+) -> dict[str, float | None]:
+    """`set_tenant`'s arguments as the columns to set: those given (None: keep as stored),
+    `math.inf` standing for no limit (stored as NULL). A rate without a burst gets one
+    second's worth (at least 1)."""
+    settings: dict[str, float | None] = {}
+    if weight is not None:
+        settings["weight"] = check_weight(weight)
+    if rate is not None:
+        settings["rate"] = _limit(rate, "rate", 0.001, 1_000_000, whole=False)
+        if burst is None:  # one second's worth (no rate: no burst)
+            given = settings["rate"]
+            settings["burst"] = None if given is None else max(1.0, given)
+    if burst is not None:
+        if burst == math.inf:
+            raise InvalidArgument("burst must be a number in [1, 1000000000], not inf")
+        settings["burst"] = _limit(burst, "burst", 1, 1_000_000_000, whole=False)
+    for key, column, value in (
+        ("max_in_flight", "cap", max_in_flight),
+        ("max_queued", "max_queued", max_queued),
+        ("max_group_queued", "max_group_queued", max_group_queued),
+    ):
+        if value is not None:
+            settings[column] = _limit(value, key, 0, 1_000_000_000, whole=True)
+    if not settings:
+        raise InvalidArgument("set_tenant: give at least one setting")
+    return settings
+
+
+def _limit(value: object, name: str, low: float, high: float, *, whole: bool) -> float | None:
+    """A limit's value, None for `math.inf` (no limit)."""
+    kinds = int if whole else int | float
+    if value == math.inf and not isinstance(value, bool):
+        return None
+    if isinstance(value, bool) or not isinstance(value, kinds) or not low <= value <= high:
+        what = "a whole number" if whole else "a number"
+        raise InvalidArgument(
+            f"{name} must be {what} in [{low:g}, {high:g}] (or math.inf: no limit), "
+            f"got {show(value)}"
+        )
+    return int(value) if whole else float(value)
 
 
 def at_index(index: int, check: Callable[[Any], T], item: Any) -> T:

@@ -335,9 +335,14 @@ def groups_of(limit: int) -> Callable[[Mapping[str, list[GroupInfo]], Sequence[s
     return merge
 
 
+def _sum_or_none(a: float | None, b: float | None) -> float | None:
+    return None if a is None and b is None else (a or 0.0) + (b or 0.0)
+
+
 def tenants_of(limit: int) -> Callable[[Mapping[str, list[TenantInfo]], Sequence[str]], Any]:
-    """Each tenant's counts summed over the shards (its weight is set on every shard: the
-    largest answered stands for it while a shard has not caught up)."""
+    """Each tenant's counts summed over the shards, and its tokens (each shard has its own
+    bucket); its weight and limits are set on every shard (the largest weight answered, and
+    the limits of the last shard read, stand for it while a shard has not caught up)."""
 
     def merge(results: Mapping[str, list[TenantInfo]], down: Sequence[str]) -> list[TenantInfo]:
         merged: dict[str, TenantInfo] = {}
@@ -347,13 +352,14 @@ def tenants_of(limit: int) -> Callable[[Mapping[str, list[TenantInfo]], Sequence
                 merged[t.name] = (
                     t
                     if seen is None
-                    else TenantInfo(
-                        t.name,
-                        max(seen.weight, t.weight),
-                        seen.ready + t.ready,
-                        seen.groups + t.groups,
-                        seen.in_flight + t.in_flight,
-                        seen.depth + t.depth,
+                    else dataclasses.replace(
+                        t,
+                        weight=max(seen.weight, t.weight),
+                        ready=seen.ready + t.ready,
+                        groups=seen.groups + t.groups,
+                        in_flight=seen.in_flight + t.in_flight,
+                        depth=seen.depth + t.depth,
+                        tokens=_sum_or_none(seen.tokens, t.tokens),
                     )
                 )
         # Each shard's page is its first `limit` names: past the least of their last names,

@@ -60,7 +60,7 @@ from typing import Any
 
 from ..types import MAX_PRIORITY, TenantInfo
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 RETIRE_WINDOW = 300.0
 PAUSED_UNTIL = 1e15
 """The expiry of the pause row of `claims`: far beyond any time, so pruning never drops it."""
@@ -162,8 +162,12 @@ class Names:
     outbox: str
     tenants: str
     tenants_ready: str
+    tenants_rated: str
+    tenants_bounded: str
     groups_ready_by_tenant: str
     groups_by_tenant: str
+    groups_busy_by_tenant: str
+    messages_debounced: str
     retired: str
     """Schema v1 only (its job is done by the empty rows of `groups` since v2)."""
 
@@ -192,8 +196,12 @@ class Names:
             outbox=p + "outbox",
             tenants=p + "tenants",
             tenants_ready=p + "tenants_ready",
+            tenants_rated=p + "tenants_rated",
+            tenants_bounded=p + "tenants_bounded",
             groups_ready_by_tenant=p + "groups_ready_by_tenant",
             groups_by_tenant=p + "groups_by_tenant",
+            groups_busy_by_tenant=p + "groups_busy_by_tenant",
+            messages_debounced=p + "messages_debounced",
             retired=p + "retired",
         )
 
@@ -243,6 +251,7 @@ def bootstrap(n: Names) -> Batch:
     b.add(f"CREATE TABLE IF NOT EXISTS {n.meta} (key TEXT PRIMARY KEY, value INTEGER NOT NULL)")
     b.add(f"INSERT OR IGNORE INTO {n.meta} (key, value) VALUES ('schema_version', 0)")
     b.add(f"SELECT value FROM {n.meta} WHERE \"key\" = 'schema_version'", slot="version")
+    b.add(f"SELECT value FROM {n.meta} WHERE \"key\" = 'tenants'", slot="tenants_on")
     return b.build()
 
 
@@ -339,6 +348,7 @@ def create(n: Names) -> Batch:
         f"('expired', 0)"
     )
     _to_v4(b, n)
+    _to_v5(b, n)
     _set_version(b, n, SCHEMA_VERSION)
     return b.build()
 
@@ -455,6 +465,39 @@ def _to_v4(b: _Builder, n: Names) -> None:
     )
 
 
+def _to_v5(b: _Builder, n: Names) -> None:
+    """v4 -> v5: limits per tenant and debounce. A tenant's cap on groups in flight (`cap`,
+    NULL: none), its rate limit, a token bucket (`rate` per second, NULL: none; `burst`;
+    `tokens` left at time `stamp`), its bounds on queued messages (`max_queued` in all,
+    `max_group_queued` in each of its groups; NULL: none). A message's `debounce` key (a
+    publish with the same key replaces it while it is unclaimed) and `due_by`, the latest its
+    due time may move to (the first publish of the run plus its `max_wait`)."""
+    for column in (
+        "cap INTEGER",
+        "rate REAL",
+        "burst REAL",
+        "tokens REAL NOT NULL DEFAULT 0",
+        "stamp REAL NOT NULL DEFAULT 0",
+        "max_queued INTEGER",
+        "max_group_queued INTEGER",
+    ):
+        b.add(f"ALTER TABLE {n.tenants} ADD COLUMN {column}")
+    # The rate-limited tenants (the probe looks there for the next token due).
+    b.add(f"CREATE INDEX {n.tenants_rated} ON {n.tenants} (stamp) WHERE rate IS NOT NULL")
+    # The tenants with a bound on queued messages (a publish checks them only if there are).
+    b.add(f"CREATE INDEX {n.tenants_bounded} ON {n.tenants} (name) WHERE {_BOUNDED}")
+    b.add(f"ALTER TABLE {n.messages} ADD COLUMN debounce TEXT")
+    b.add(f"ALTER TABLE {n.messages} ADD COLUMN due_by REAL")
+    b.add(
+        f"CREATE INDEX {n.messages_debounced} ON {n.messages} (group_id, debounce) "
+        f"WHERE debounce IS NOT NULL"
+    )
+    _tenants_mark(b, n)
+
+
+_BOUNDED = "max_queued IS NOT NULL OR max_group_queued IS NOT NULL"
+
+
 def _tenant_counting(n: Names) -> list[str]:
     """What tenants need once on: an index of claimable groups per tenant (the fair claim
     walks it), one of groups by tenant (`tenants()` counts through it), and triggers on
@@ -476,6 +519,9 @@ def _tenant_counting(n: Names) -> list[str]:
         f"CREATE INDEX IF NOT EXISTS {n.groups_ready_by_tenant} ON {n.groups} (tenant, turn) "
         f"WHERE ready = 1 AND held = 0",
         f"CREATE INDEX IF NOT EXISTS {n.groups_by_tenant} ON {n.groups} (tenant)",
+        # A capped tenant's leases in flight are counted through it (at most its cap).
+        f"CREATE INDEX IF NOT EXISTS {n.groups_busy_by_tenant} ON {n.groups} (tenant) "
+        f"WHERE ready = 0 AND parked = 0",
         f"CREATE TRIGGER IF NOT EXISTS {n.groups}_in AFTER INSERT ON {n.groups} "
         f"WHEN {claimable.format(row='new')} BEGIN {gains} END",
         f"CREATE TRIGGER IF NOT EXISTS {n.groups}_up AFTER UPDATE OF ready, held, tenant ON "
@@ -487,7 +533,7 @@ def _tenant_counting(n: Names) -> list[str]:
 
 
 # Each step takes a database from the version before it to its own.
-MIGRATIONS = {2: _to_v2, 3: _to_v3, 4: _to_v4}
+MIGRATIONS = {2: _to_v2, 3: _to_v3, 4: _to_v4, 5: _to_v5}
 
 
 def migrate(n: Names, version: int) -> Batch:
@@ -521,9 +567,14 @@ class NewMessage:
     tenant: str | None = None
     """The tenant of the group this message creates or refills (None: the queue's rule's,
     or the default tenant '')."""
+    debounce: str | None = None
+    """Replaces its group's pending message with the same key, if there is one."""
+    due_by: float | None = None
+    """With `debounce`: its due time never moves past this (None: no bound)."""
 
     def row(self) -> list[Any]:
-        """As a JSON item of the statements that insert messages (fields 0-6, see `_item`)."""
+        """As a JSON item of the statements that insert messages (fields 0 to ROW_FIELDS -
+        1, see `_item`)."""
         return [
             self.group_id,
             self.event,
@@ -532,7 +583,12 @@ class NewMessage:
             self.due,
             self.expires,
             self.tenant,
+            self.debounce,
+            self.due_by,
         ]
+
+
+ROW_FIELDS = 9
 
 
 def publish(
@@ -555,7 +611,20 @@ def publish(
         _turn_tenants_on(b, n)
     if prune_before is not None:
         b.add(f"DELETE FROM {n.dedup} WHERE expires_at < :t", {"t": prune_before})
-    _insert_messages(b, n, messages, items, now, dedup_until, "true")
+    debounced = any(m.debounce is not None for m in messages)
+    if debounced:
+        _mark_last_seq(b, n)
+        _debounce(b, n, items, now)
+    replaced = f" AND {_not_replaced(n)}" if debounced else ""
+    _insert_messages(b, n, messages, items, now, dedup_until, "true", replaced)
+    _within_bounds(b, n, messages)
+    if debounced:
+        b.add(
+            f"SELECT j.key, max(m.seq) FROM json_each(:items) j JOIN {n.messages} m ON "
+            f"m.group_id = {_item(0)} AND m.debounce = {_item(7)} GROUP BY j.key",
+            {"items": items},
+            slot="debounced",
+        )
     if any(m.dedup_id is not None for m in messages):
         ids = _json([m.dedup_id for m in messages if m.dedup_id is not None])
         b.add(
@@ -567,6 +636,120 @@ def publish(
     return b.build()
 
 
+# A message its group has not delivered yet: not the head a lease took (`groups.head` keeps
+# the seq of the message a claim took until it is acked or dead-lettered).
+_PENDING = (
+    "{m}.group_id = {g} AND {m}.debounce = {k} AND {m}.seq IS NOT (SELECT head FROM {groups} "
+    "WHERE group_id = {g})"
+)
+
+
+def _not_replaced(n: Names) -> str:
+    """The item (`j`) replaced no message that was there before this publish (`_debounce`;
+    `meta.mark`): it is inserted, and may create or refill its group."""
+    pending = _PENDING.format(m="p", g=_item(0), k=_item(7), groups=n.groups)
+    return (
+        f"({_item(7)} IS NULL OR NOT EXISTS (SELECT 1 FROM {n.messages} p WHERE {pending} AND "
+        f"p.seq <= (SELECT value FROM {n.meta} WHERE \"key\" = 'mark')))"
+    )
+
+
+def _debounce(b: _Builder, n: Names, items: str, now: float) -> None:
+    """Items with a debounce key replace their group's pending message with the same key (its
+    seq, its place and its first publish time kept): its event, ttl and due time become
+    theirs, the due time never past the run's `due_by`. When that message is its group's
+    head, the group waits for the new due time (or no longer)."""
+    pending = _PENDING.format(m=n.messages, g=_item(0), k=_item(7), groups=n.groups)
+    b.add(
+        f"UPDATE {n.messages} SET event = {_item(1)}, expires = {_item(5)}, due = "
+        f"min({_item(4)}, coalesce(due_by, 9e18)) FROM json_each(:items) j WHERE {pending}",
+        {"items": items},
+    )
+    # The groups whose head was replaced: not leased (its head never taken), so claimable
+    # now or waiting for the head's due time.
+    b.add(
+        f"UPDATE {n.groups} AS g SET ready = d <= :now, until = iif(d > :now, d, 0), parked = "
+        f"2 * (d > :now) FROM (SELECT m.group_id i, m.due d FROM json_each(:items) j JOIN "
+        f"{n.messages} m ON m.seq = (SELECT min(seq) FROM {n.messages} WHERE group_id = "
+        f"{_item(0)}) WHERE {_item(7)} IS NOT NULL AND m.debounce = {_item(7)}) WHERE "
+        f"g.group_id = i AND g.head IS NOT (SELECT min(seq) FROM {n.messages} WHERE group_id "
+        f"= i) AND (g.ready = 1 OR g.parked = 2)",
+        {"items": items, "now": now},
+    )
+
+
+QUEUE_FULL_ERROR = "NOT NULL constraint failed: {tenants}.vt"
+"""How a publish fails when it would take a tenant, or one of its groups, over its bound on
+queued messages (see `_within_bounds`)."""
+
+
+def _within_bounds(b: _Builder, n: Names, messages: Sequence[NewMessage]) -> None:
+    """Fail the transaction (QUEUE_FULL_ERROR) if, with this publish's messages in, a group
+    or a tenant of theirs holds more messages than its tenant's bound. A queue without bounds
+    pays one probe of an empty index; counting a group's or a tenant's messages costs what
+    they hold, at most about the bound."""
+    groups = _json(list(dict.fromkeys(m.group_id for m in messages)))
+    held = f"(SELECT count(*) FROM {n.messages} WHERE group_id = {{g}})"
+    b.add(
+        f"WITH x(i, e) AS (SELECT g.group_id, g.tenant FROM json_each(:groups) j JOIN "
+        f"{n.groups} g ON g.group_id = j.value) UPDATE {n.tenants} SET vt = NULL WHERE name = "
+        f"'' AND EXISTS (SELECT 1 FROM {n.tenants} INDEXED BY {n.tenants_bounded} WHERE "
+        f"{_BOUNDED}) AND EXISTS (SELECT 1 FROM {n.tenants} t WHERE t.name IN (SELECT e FROM "
+        f"x) AND (EXISTS (SELECT 1 FROM x WHERE e = t.name AND {held.format(g='i')} > "
+        f"t.max_group_queued) OR (SELECT sum({held.format(g='h.group_id')}) FROM {n.groups} h "
+        f"WHERE h.tenant = t.name) > t.max_queued))",
+        {"groups": groups},
+    )
+
+
+def bounds_reached(n: Names, messages: Sequence[NewMessage]) -> Batch:
+    """After a publish failed with QUEUE_FULL_ERROR (and wrote nothing): for each of its
+    groups whose tenant has a bound, the tenant (its stored one while it has messages, else
+    the one the publish gives or the rule derives, as `_UPSERT_GROUP` decides), the messages
+    the publish adds to it, its bounds, and the messages the group and the tenant hold."""
+    items = _json([m.row() for m in messages])
+    b = _Builder(write=False)
+    b.add(
+        f"WITH x(g, t) AS (SELECT {_item(0)}, {_item(6)} FROM json_each(:items) j), "
+        f"y AS (SELECT g, t, count(*) c, instr(g, (SELECT char(value) FROM {n.meta} WHERE "
+        f"\"key\" = 'tenant_sep')) i FROM x GROUP BY g), z AS (SELECT g, c, coalesce((SELECT "
+        f"tenant FROM {n.groups} WHERE group_id = g AND ready != 2), t, iif(i > 1, "
+        f"substr(g, 1, i - 1), '')) e FROM y) SELECT z.g, z.e, z.c, t.max_group_queued, "
+        f"(SELECT count(*) FROM {n.messages} m WHERE m.group_id = z.g), t.max_queued, "
+        f"(SELECT count(*) FROM {n.groups} h JOIN {n.messages} m ON m.group_id = h.group_id "
+        f"WHERE h.tenant = z.e) FROM z JOIN {n.tenants} t ON t.name = z.e WHERE "
+        f"t.max_queued IS NOT NULL OR t.max_group_queued IS NOT NULL",
+        {"items": items},
+        slot="bounds",
+    )
+    return b.build()
+
+
+@dataclass(frozen=True, slots=True)
+class BoundReached:
+    tenant: str
+    group_id: str | None
+    """None: the tenant's bound."""
+    limit: int
+
+
+def read_bounds_reached(reply: Reply) -> BoundReached | None:
+    """The first bound the refused publish would have gone over (None: none now)."""
+    added: dict[str, int] = {}
+    tenants: dict[str, tuple[int | None, int]] = {}
+    for group_id, tenant, count, group_bound, held, tenant_bound, tenant_held in reply[
+        "bounds"
+    ].rows:
+        if group_bound is not None and int(held) + int(count) > int(group_bound):
+            return BoundReached(str(tenant), str(group_id), int(group_bound))
+        added[tenant] = added.get(tenant, 0) + int(count)
+        tenants[tenant] = (_int_or_none(tenant_bound), int(tenant_held))
+    for tenant, (bound, held) in tenants.items():
+        if bound is not None and held + added[tenant] > bound:
+            return BoundReached(str(tenant), None, bound)
+    return None
+
+
 def _insert_messages(
     b: _Builder,
     n: Names,
@@ -575,10 +758,13 @@ def _insert_messages(
     now: float,
     dedup_until: float,
     condition: str,
+    replaced: str = "",
 ) -> None:
     """Insert `items` (a JSON array: group, event, priority, dedup id, due, expires, tenant,
     ...), those for which `condition` holds (an SQL expression over `j`), and create or
-    refill their groups' rows."""
+    refill their groups' rows. `replaced`: ` AND` a further condition of the insert only
+    (a debounced item that replaced its group's pending message: its group has one, so its
+    row is neither created nor refilled)."""
     deduplicated = any(m.dedup_id is not None for m in messages)
     if any(m.tenant is not None for m in messages):
         # A group's tenant never changes while it has messages: an item naming another one
@@ -591,21 +777,21 @@ def _insert_messages(
             {"items": items},
         )
     if deduplicated:
-        # Rows inserted below have seqs above the last one ever given (AUTOINCREMENT).
-        b.add(
-            f"UPDATE {n.meta} SET value = coalesce((SELECT seq FROM sqlite_sequence "
-            f"WHERE name = '{n.messages}'), 0) WHERE \"key\" = 'mark'"
-        )
+        _mark_last_seq(b, n)
     unseen = (
         f" AND ({_item(3)} IS NULL OR NOT EXISTS (SELECT 1 FROM {n.dedup} "
         f"WHERE dedup_id = {_item(3)} AND expires_at >= :now))"
         if deduplicated
         else ""
     )
+    debounced = any(m.debounce is not None for m in messages)
+    columns, values = (
+        ("", "") if not debounced else (", debounce, due_by", f", {_item(7)}, {_item(8)}")
+    )
     b.add(
-        f"INSERT INTO {n.messages} (group_id, event, published_at, dedup_id, due, expires) "
-        f"SELECT {_item(0)}, {_item(1)}, :now, {_item(3)}, {_item(4)}, {_item(5)} "
-        f"FROM json_each(:items) j WHERE {condition}{unseen} ORDER BY j.key",
+        f"INSERT INTO {n.messages} (group_id, event, published_at, dedup_id, due, expires"
+        f"{columns}) SELECT {_item(0)}, {_item(1)}, :now, {_item(3)}, {_item(4)}, {_item(5)}"
+        f"{values} FROM json_each(:items) j WHERE {condition}{unseen}{replaced} ORDER BY j.key",
         {"items": items, "now": now},
         slot="inserted",
     )
@@ -636,6 +822,15 @@ def _insert_messages(
             f"json_each(:items) j WHERE {where} GROUP BY 2",
         ),
         {"items": items, "now": now},
+    )
+
+
+def _mark_last_seq(b: _Builder, n: Names) -> None:
+    """`meta.mark`: the last seq given so far. Rows inserted after have seqs above it
+    (AUTOINCREMENT)."""
+    b.add(
+        f"UPDATE {n.meta} SET value = coalesce((SELECT seq FROM sqlite_sequence "
+        f"WHERE name = '{n.messages}'), 0) WHERE \"key\" = 'mark'"
     )
 
 
@@ -676,8 +871,20 @@ def read_published(reply: Reply, messages: Sequence[NewMessage]) -> list[int]:
     next_seq = (_require_int(inserted.last_insert_id) - count + 1) if count else 0
     first_new = next_seq
     known = {str(r[0]): int(r[1]) for r in reply["dedup"].rows} if "dedup" in reply else {}
+    debounced = (
+        {int(r[0]): int(r[1]) for r in reply["debounced"].rows} if "debounced" in reply else {}
+    )
     seqs = []
-    for m in messages:
+    for index, m in enumerate(messages):
+        if m.debounce is not None:
+            # Inserted now (numbered in order with the others) or the pending one replaced.
+            seq = debounced[index]
+            if seq >= next_seq and count:
+                if seq != next_seq:
+                    raise ValueError(f"debounced item {index}: seq {seq} != {next_seq}")
+                next_seq += 1
+            seqs.append(seq)
+            continue
         if m.dedup_id is None or known.get(m.dedup_id, -1) >= first_new > 0:
             # A multi-row INSERT numbers its rows consecutively (AUTOINCREMENT, one writer).
             seq = next_seq
@@ -828,7 +1035,9 @@ def _follow_ups(b: _Builder, n: Names, s: Settle, now: float) -> None:
     """The follow-ups of settlements, each published (or written to the outbox) only if its
     lease holds: placed before the settlements change the leases. A resend after the first
     send applied finds the lease gone and publishes nothing again."""
-    lease = f"EXISTS (SELECT 1 FROM {n.groups} g WHERE {_holds(alias='j', groups='g', at=7)})"
+    lease = (
+        f"EXISTS (SELECT 1 FROM {n.groups} g WHERE {_holds(alias='j', groups='g', at=ROW_FIELDS)})"
+    )
     if s.outboxed:
         items = _json([[*m.row(), *h.key()] for h, m in s.outboxed])
         b.add(
@@ -938,28 +1147,41 @@ def _claim(b: _Builder, n: Names, c: Claim, now: float, returning: bool) -> None
         # Weighted fair share between tenants (stride scheduling): a tenant's k-th group in
         # round-robin order (its own index) is due at virtual time vt + (k - 1) / weight; the
         # claim takes the `n` groups due first (ties: round-robin order). Only the `n` tenants
-        # with work and the least `vt` can hold them, and each at most `n`. (`_rowid_`, not
-        # `g.rowid`: rqlite's parser refuses a qualified `rowid`, and then drops RETURNING.)
+        # with work, something left of their limits and the least `vt` can hold them, and
+        # each at most its allowance. (`_rowid_`, not `g.rowid`: rqlite's parser refuses a
+        # qualified `rowid`, and then drops RETURNING.)
         pick = (
-            f"SELECT i FROM (SELECT g._rowid_ i, g.turn u, t.vt + (row_number() OVER (PARTITION "
-            f"BY t.name ORDER BY g.turn, g._rowid_) - 1) / t.weight v FROM (SELECT name, vt, "
-            f"weight FROM {n.tenants} WHERE ready > 0 ORDER BY vt LIMIT :n) t JOIN {n.groups} "
-            f"g ON g._rowid_ IN (SELECT rowid FROM {n.groups} WHERE tenant = t.name AND "
-            f"ready = 1 AND held = 0 ORDER BY turn, rowid LIMIT :n)) ORDER BY v, u, i LIMIT :n"
+            f"SELECT i FROM (SELECT g._rowid_ i, g.turn u, t.vt s, t.weight w, t.a, "
+            f"row_number() OVER (PARTITION BY t.name ORDER BY g.turn, g._rowid_) k FROM "
+            f"(SELECT x.name, x.vt, x.weight, {_allowance(n, 'x')} a FROM {n.tenants} x WHERE "
+            f"x.ready > 0 AND a > 0 ORDER BY x.vt LIMIT :n) t JOIN {n.groups} g ON g._rowid_ IN "
+            f"(SELECT rowid FROM {n.groups} WHERE tenant = t.name AND ready = 1 AND held = 0 "
+            f"ORDER BY turn, rowid LIMIT :n)) WHERE k <= a ORDER BY s + (k - 1) / w, u, i "
+            f"LIMIT :n"
         )
     else:
         # One probe of the per-priority index for each level >= the floor, each already in
         # round-robin order; the union of those few rows is then ordered. (`r` is inlined in
         # each, never materialised: it only keeps the text short.)
+        e = ", e" if c.fair else ""
         ready = (
-            f"WITH r(i, t, p) AS NOT MATERIALIZED (SELECT rowid, turn, priority "
-            f"FROM {n.groups} WHERE ready = 1 AND held = 0) "
+            f"WITH r(i, t, p{e}) AS NOT MATERIALIZED (SELECT rowid, turn, priority"
+            f"{', tenant' if c.fair else ''} FROM {n.groups} WHERE ready = 1 AND held = 0) "
         )
         per_level = " UNION ALL ".join(
-            f"SELECT * FROM (SELECT i, t FROM r WHERE p = {level} ORDER BY t, i LIMIT :n)"
+            f"SELECT * FROM (SELECT i, t{e} FROM r WHERE p = {level} ORDER BY t, i LIMIT :n)"
             for level in range(MAX_PRIORITY, c.min_priority - 1, -1)
         )
+        if c.fair:
+            # The floor wins over fair share, not over the tenants' limits: each tenant's
+            # groups past its allowance are left out.
+            per_level = (
+                f"SELECT i, t FROM (SELECT i, t, row_number() OVER (PARTITION BY e ORDER BY t, "
+                f"i) k, (SELECT {_allowance(n, 'x')} FROM {n.tenants} x WHERE x.name = e) a "
+                f"FROM ({per_level})) WHERE k <= coalesce(a, :n)"
+            )
         pick = f"SELECT i FROM ({per_level}) ORDER BY t, i LIMIT :n"
+    stops = "" if c.fair else ", '*'"
     # Lapsed leases and ended parks rejoin the ready index (token kept: a lapsed lease that
     # nobody takes over may still be acked).
     b.add(
@@ -980,18 +1202,30 @@ def _claim(b: _Builder, n: Names, c: Claim, now: float, returning: bool) -> None
         f"{ready}UPDATE {g} SET ready = 0, until = :u, token = :k, attempts = attempts + 1, "
         f"head = (SELECT min(seq) FROM {n.messages} m WHERE m.group_id = {g}.group_id), "
         f"turn = (SELECT value FROM {n.meta} WHERE \"key\" = 'turn') WHERE rowid IN ({pick}) "
-        f"AND NOT EXISTS (SELECT 1 FROM {n.claims} WHERE token IN (:k, ''))"
+        # Paused (the row of token ''): nothing. A client that has not learnt that tenants
+        # are on (the row of token '*') takes nothing either: it would pass by their shares
+        # and limits (and its batch fails, below).
+        f"AND NOT EXISTS (SELECT 1 FROM {n.claims} WHERE token IN (:k, ''{stops}))"
         + (f" RETURNING {heads}" if returning else ""),
-        {**mine, "n": c.count},
+        {**mine, "n": c.count, **({"now": now} if c.fair else {})},
         slot="leased" if returning else None,
     )
     taken = f"SELECT tenant FROM {g} WHERE ready = 0 AND until = :u AND token = :k"
     if c.fair:
-        _tenants_served(b, n, taken, mine)
-    b.add(
-        f"INSERT OR IGNORE INTO {n.claims} (token, expires_at) VALUES (:k, :e)",
-        {"k": c.token, "e": c.until + RETIRE_WINDOW},
-    )
+        _tenants_served(b, n, taken, mine, now)
+    if c.fair:
+        b.add(
+            f"INSERT OR IGNORE INTO {n.claims} (token, expires_at) VALUES (:k, :e)",
+            {"k": c.token, "e": c.until + RETIRE_WINDOW},
+        )
+    else:
+        # Tenants on (the row of token '*'): the batch fails (TENANTS_ON_ERROR), so that the
+        # client learns it and claims again, sharing by weight within the limits.
+        b.add(
+            f"INSERT INTO {n.claims} (token, expires_at) VALUES (:k, iif(EXISTS (SELECT 1 FROM "
+            f"{n.claims} WHERE token = '*'), NULL, :e)) ON CONFLICT DO NOTHING",
+            {"k": c.token, "e": c.until + RETIRE_WINDOW},
+        )
     if not returning:
         # The heads of the groups this token holds (found through the busy index on `until`).
         b.add(
@@ -1001,14 +1235,40 @@ def _claim(b: _Builder, n: Names, c: Claim, now: float, returning: bool) -> None
         )
 
 
-def _tenants_served(b: _Builder, n: Names, taken: str, mine: dict[str, Any]) -> None:
-    """Each tenant's clock moves on by what it was given (1 / weight a group), and the
-    queue's to the latest due time served; a resend (its token known) moves nothing."""
+def _allowance(n: Names, t: str) -> str:
+    """How many groups the tenant row `t` may be given by one claim at `:now`: at most `:n`,
+    its cap less its leases in flight (counted only when capped), the whole tokens its bucket
+    holds (only when rate limited)."""
+    return (
+        f"min(:n, {_room(n, t)}, CASE WHEN {t}.rate IS NULL THEN :n ELSE "
+        f"CAST({_bucket(t)} + 1e-9 AS INTEGER) END)"
+    )
+
+
+def _room(n: Names, t: str) -> str:
+    """How many more groups the tenant row `t` may have in flight (`:n` when not capped)."""
+    return (
+        f"CASE WHEN {t}.cap IS NULL THEN :n ELSE {t}.cap - (SELECT count(*) FROM {n.groups} b "
+        f"WHERE b.tenant = {t}.name AND b.ready = 0 AND b.parked = 0) END"
+    )
+
+
+def _bucket(t: str) -> str:
+    """The tokens in the bucket of the tenant row `t` at `:now` (refilled at its rate since
+    `stamp`, up to its burst; a clock behind `stamp` adds nothing)."""
+    return f"min({t}.burst, {t}.tokens + max(0, :now - {t}.stamp) * {t}.rate)"
+
+
+def _tenants_served(b: _Builder, n: Names, taken: str, mine: dict[str, Any], now: float) -> None:
+    """Each tenant's clock moves on by what it was given (1 / weight a group), its bucket
+    loses a token a group, and the queue's clock moves to the latest due time served; a
+    resend (its token known) moves nothing."""
     first_send = f"NOT EXISTS (SELECT 1 FROM {n.claims} WHERE token IN (:k, ''))"
     b.add(
-        f"UPDATE {n.tenants} SET vt = vt + (SELECT count(*) FROM ({taken}) "
-        f"WHERE tenant = name) / weight WHERE name IN ({taken}) AND {first_send}",
-        mine,
+        f"UPDATE {n.tenants} AS x SET vt = vt + c / weight, tokens = CASE WHEN rate IS NULL "
+        f"THEN tokens ELSE {_bucket('x')} - c END, stamp = max(stamp, :now) FROM (SELECT "
+        f"tenant, count(*) c FROM ({taken}) GROUP BY tenant) WHERE name = tenant AND {first_send}",
+        {**mine, "now": now},
     )
     b.add(
         f"UPDATE {n.meta} SET value = max(value, (SELECT max(vt - 1 / weight) FROM "
@@ -1071,24 +1331,34 @@ def read_leased(reply: Reply) -> list[LeasedRow]:
 # ------------------------------------------------------------------------------ probe
 
 
-def probe(n: Names, *, min_priority: int) -> Batch:
-    """Is anything claimable, when does the earliest lease, park or delayed head end, and when is
-    the next schedule due? A leader-local read (no Raft round): a claim that would find nothing
-    costs no Raft write (a stale answer only delays a claim to the next poll)."""
+def probe(n: Names, *, min_priority: int, now: float) -> Batch:
+    """Is anything claimable, when does the earliest lease, park or delayed head end or a
+    rate-limited tenant with work get its next token, and when is the next schedule due? A
+    leader-local read (no Raft round): a claim that would find nothing costs no Raft write (a
+    stale answer only delays a claim to the next poll)."""
     # min() over the column an index is ordered by: one probe of the all-ready index, or of
-    # the per-priority one from the floor up.
+    # the per-priority one from the floor up. Once tenants are on, a claim without a floor
+    # finds something if a tenant with claimable groups has something left of its limits.
     first = (
         f"(SELECT min(priority) FROM {n.groups} WHERE ready = 1 AND held = 0 AND priority >= :p)"
         if min_priority
         else f"(SELECT min(turn) FROM {n.groups} WHERE ready = 1 AND held = 0)"
     )
+    tenants_on = f"(SELECT value FROM {n.meta} WHERE \"key\" = 'tenants')"
+    claimable = (
+        f"{first} IS NOT NULL"
+        if min_priority
+        else f"CASE WHEN {tenants_on} THEN EXISTS (SELECT 1 FROM {n.tenants} x WHERE "
+        f"x.ready > 0 AND {_allowance(n, 'x')} > 0) ELSE {first} IS NOT NULL END"
+    )
     b = _Builder(write=False, local=True)
     b.add(
-        f"SELECT {first} IS NOT NULL AND NOT {_paused(n)}, "
-        f"(SELECT min(until) FROM {n.groups} WHERE ready = 0), "
-        f"(SELECT min(next_at) FROM {n.schedules}), "
-        f"(SELECT value FROM {n.meta} WHERE \"key\" = 'tenants')",
-        {"p": min_priority} if min_priority else {},
+        f"SELECT {claimable} AND NOT {_paused(n)}, "
+        f"(SELECT min(w) FROM (SELECT min(until) w FROM {n.groups} WHERE ready = 0 UNION ALL "
+        f"SELECT min(x.stamp + (1 - x.tokens) / x.rate) FROM {n.tenants} x INDEXED BY "
+        f"{n.tenants_rated} WHERE x.rate IS NOT NULL AND x.ready > 0 AND {_room(n, 'x')} > 0)), "
+        f"(SELECT min(next_at) FROM {n.schedules}), {tenants_on}",
+        {"p": min_priority, "n": 1} if min_priority else {"n": 1, "now": now},
         slot="probe",
     )
     return b.build()
@@ -1100,9 +1370,9 @@ def read_probe(reply: Reply) -> tuple[bool, float | None, float | None]:
 
 
 def read_tenants_on(reply: Reply) -> bool | None:
-    """Whether the queue's tenants are on, as a claim's rows or a probe said (None: no row
-    said it)."""
-    slot = "probe" if "probe" in reply else "leased"
+    """Whether the queue's tenants are on, as a claim's rows, a probe or the setup's read
+    said (None: no row said it)."""
+    slot = next((s for s in ("probe", "tenants_on") if s in reply), "leased")
     rows = reply[slot].rows if slot in reply else []
     return bool(rows[0][-1]) if rows else None
 
@@ -1139,6 +1409,9 @@ def release(n: Names, group_id: str) -> Batch:
 
 # ------------------------------------------------------------------------------ tenants
 
+TENANTS_ON_ERROR = "NOT NULL constraint failed: {claims}.expires_at"
+"""How a claim that assumed tenants off fails once they are on (see `_claim`)."""
+
 TENANT_CHANGE_ERROR = "NOT NULL constraint failed: {tenants}.weight"
 """How a publish fails when an item names a tenant other than its group's (see
 `_insert_messages`)."""
@@ -1165,17 +1438,42 @@ def _turn_tenants_on(b: _Builder, n: Names) -> None:
         f"all_tenants.name FROM {n.meta} f JOIN {n.tenants} all_tenants WHERE {off})"
     )
     b.add(f"UPDATE {n.meta} SET value = 1 WHERE \"key\" = 'tenants'")
+    _tenants_mark(b, n)
 
 
-def set_tenant(n: Names, name: str, *, weight: float) -> Batch:
-    """Store a tenant's weight (a tenant not stored weighs 1)."""
+def _tenants_mark(b: _Builder, n: Names) -> None:
+    """The row of token '*' in `claims` (never pruned) once tenants are on: a claim of a
+    client that has not learnt it takes nothing (see `_claim`)."""
+    b.add(
+        f"INSERT OR IGNORE INTO {n.claims} (token, expires_at) SELECT '*', :e FROM {n.meta} "
+        f"WHERE \"key\" = 'tenants' AND value = 1",
+        {"e": PAUSED_UNTIL},
+    )
+
+
+TENANT_SETTINGS = ("weight", "cap", "rate", "burst", "max_queued", "max_group_queued")
+"""The columns of a tenant's row that `set_tenant` sets (NULL: no limit)."""
+
+
+def set_tenant(n: Names, name: str, settings: Mapping[str, float | None], *, now: float) -> Batch:
+    """Store some of a tenant's settings (`TENANT_SETTINGS`; the others are kept; a tenant not
+    stored weighs 1 and has no limits). A new rate or burst fills the bucket."""
+    if not settings or not set(settings) <= set(TENANT_SETTINGS):
+        raise ValueError(f"tenant settings: {sorted(settings)}")
+    values = dict(settings)
+    if "rate" in values or "burst" in values:
+        values["tokens"] = values.get("burst") or 0
+        values["stamp"] = now
+    columns = list(values)
     b = _Builder()
     _turn_tenants_on(b, n)
     b.add(
-        f"INSERT INTO {n.tenants} (name, weight, vt) VALUES ({_TEXT.format(name='t')}, :w, "
-        f"(SELECT value FROM {n.meta} WHERE \"key\" = 'vtime')) "
-        f"ON CONFLICT (name) DO UPDATE SET weight = excluded.weight",
-        {"t": _json(name), "w": weight},
+        f"INSERT INTO {n.tenants} (name, vt, {', '.join(columns)}) VALUES "
+        f"({_TEXT.format(name='t')}, (SELECT value FROM {n.meta} WHERE \"key\" = 'vtime'), "
+        + ", ".join(f":{c}" for c in columns)
+        + ") ON CONFLICT (name) DO UPDATE SET "
+        + ", ".join(f"{c} = excluded.{c}" for c in columns),
+        {"t": _json(name), **values},
     )
     return b.build()
 
@@ -1202,8 +1500,9 @@ def list_tenants(n: Names, *, now: float, limit: int, after: str | None) -> Batc
         f"SELECT t.name, t.weight, (SELECT count(*) {mine} AND g.ready = 1 AND g.held = 0), "
         f"(SELECT count(*) {mine}), (SELECT count(*) {mine} "
         f"AND g.ready = 0 AND g.parked = 0 AND g.token IS NOT NULL AND g.until > :now), "
-        f"(SELECT count(*) FROM {n.messages} m WHERE m.group_id IN (SELECT g.group_id {mine}))"
-        f" FROM {n.tenants} t WHERE "
+        f"(SELECT count(*) FROM {n.messages} m WHERE m.group_id IN (SELECT g.group_id {mine})), "
+        f"t.rate, t.burst, CASE WHEN t.rate IS NOT NULL THEN {_bucket('t')} END, t.cap, "
+        f"t.max_queued, t.max_group_queued FROM {n.tenants} t WHERE "
         + ("true" if after is None else f"t.name > {_TEXT.format(name='a')}")
         + " ORDER BY t.name LIMIT :limit",
         {"now": now, "limit": limit, **({} if after is None else {"a": _json(after)})},
@@ -1214,9 +1513,26 @@ def list_tenants(n: Names, *, now: float, limit: int, after: str | None) -> Batc
 
 def read_tenants(reply: Reply) -> list[TenantInfo]:
     return [
-        TenantInfo(str(r[0]), float(r[1]), int(r[2]), int(r[3]), int(r[4]), int(r[5]))
+        TenantInfo(
+            str(r[0]),
+            float(r[1]),
+            int(r[2]),
+            int(r[3]),
+            int(r[4]),
+            int(r[5]),
+            rate=_float_or_none(r[6]),
+            burst=_float_or_none(r[7]),
+            tokens=_float_or_none(r[8]),
+            max_in_flight=_int_or_none(r[9]),
+            max_queued=_int_or_none(r[10]),
+            max_group_queued=_int_or_none(r[11]),
+        )
         for r in reply["tenants"].rows
     ]
+
+
+def _int_or_none(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 # A group's state for operators: `held` first (whatever else holds), then its lease, park or

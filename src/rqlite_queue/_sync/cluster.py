@@ -14,13 +14,20 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
-from .._protocol.core import Plan, QueueCore
+from .._protocol.core import Plan, QueueCore, TenantsTurnedOn
 from .._protocol.http import STATUS_TIMEOUT, applied_index, parse_nodes
 from .._protocol.params import CheckedRound, RoundSpec
 from .._protocol.retry import FAILOVER, MIN_ATTEMPT, Retry
 from .._protocol.sql import Batch, NewMessage, Reply, Result, Statement
 from .._runtime import FanOut
-from ..errors import BackendError, InvalidArgument, OutcomeUnknown, SchemaError, Unavailable
+from ..errors import (
+    BackendError,
+    InvalidArgument,
+    OutcomeUnknown,
+    QueueFull,
+    SchemaError,
+    Unavailable,
+)
 from ..types import NodeView, Round
 
 T = TypeVar("T")
@@ -78,7 +85,7 @@ class Backend:
         """Create the queue's tables if missing, or upgrade them, and check their version."""
         failure: Exception | None = None
         for _ in range(UPGRADE_ATTEMPTS):
-            plan = self.core.upgrade(self._send(self.core.bootstrap(), deadline))
+            plan = self.core.upgrade(self._send(self.core.bootstrap(self._learn), deadline))
             if plan is None:
                 self.schema_checked = True
                 return
@@ -98,18 +105,21 @@ class Backend:
         if plan.lease_for is not None:
             self.core.check_skew(self.skew(), plan.lease_for)
         try:
-            result = self._send(plan, deadline)
+            try:
+                result = self._send(plan, deadline)
+            except OutcomeUnknown:
+                if plan.replay is None:
+                    raise
+                result = self._replay(plan, plan.replay, deadline)
             if plan.tenants_on:
                 self.fair = True
             return result
-        except OutcomeUnknown:
-            if plan.replay is None:
-                raise
-            return self._replay(plan, plan.replay, deadline)
         except BackendError as exc:
             refined = self.core.refined(exc)
             if refined is exc:
                 raise
+            if isinstance(refined, QueueFull) and plan.explain is not None:
+                refined = self._send(plan.explain, deadline)
             raise refined from None
 
     def _send(self, plan: Plan[T], deadline: float) -> T:
@@ -164,7 +174,14 @@ class Backend:
         if asks_first and not self._worth_claiming(floor, deadline):
             return Round()
         plan = self.core.round(checked, self.fair, self._learn)
-        result = self.run(guard(plan) if guard is not None else plan, deadline)
+        try:
+            result = self.run(guard(plan) if guard is not None else plan, deadline)
+        except TenantsTurnedOn:
+            # Another client turned tenants on since this one last looked: nothing was
+            # written; the same round again, sharing by weight within the tenants' limits.
+            self.fair = True
+            plan = self.core.round(checked, True, self._learn)
+            result = self.run(guard(plan) if guard is not None else plan, deadline)
         leases, expired = list(result.leases), result.expired
         while expired:
             spec = RoundSpec(

@@ -36,6 +36,7 @@ from ..errors import (
     OutcomeUnknown,
     PartialRound,
     QueueError,
+    QueueFull,
     ShardDown,
     Unavailable,
 )
@@ -219,19 +220,21 @@ class ShardRouter:
             self.check_up(name)
         waiting = self.moves.still_on_old_shards({m.group_id for m in messages}, deadline)
 
-        def part(name: str, backend: Backend) -> list[int]:
+        def part(name: str, backend: Backend) -> list[int] | QueueFull:
             held = sorted({messages[i].group_id for i in parts[name]} & waiting)
             try:
                 plan = self.core.guarded(plans[name], self.shard_list.epoch, held)
                 return backend.run(plan, deadline)
+            except QueueFull as exc:  # this shard's part only: the others may be written
+                return exc
             except BackendError as exc:
                 raise self.moves.stale(name, exc) from exc
 
         results = self.on_many(list(parts), part)
-        published = {n: r for n, r in results.items() if not isinstance(r, BaseException)}
+        published = {n: r for n, r in results.items() if isinstance(r, list)}
         failed = [(n, r) for n, r in results.items() if isinstance(r, BaseException)]
-        if failed and len(parts) == 1:
-            raise failed[0][1]
+        if failed and (len(parts) == 1 or (not published and _all_full(failed))):
+            raise failed[0][1]  # nothing was written
         if failed:
             raise Unavailable(
                 f"publish_many: not published on shard(s) "
@@ -423,3 +426,7 @@ class ShardRouter:
         self._fan.close()
         for name in self.names:
             self.backends[name].close()
+
+
+def _all_full(failed: Sequence[tuple[str, BaseException]]) -> bool:
+    return all(isinstance(exc, QueueFull) for _, exc in failed)

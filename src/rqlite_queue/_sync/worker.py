@@ -256,6 +256,8 @@ class Worker:
         self._finish = self._check_follow_ups if follow_ups else None
         self._next_tick = 0.0
         """When (the transport's clock) to look for due schedules next."""
+        self._next_due: float | None = None
+        """When the last idle probe said a lease, park, delay or rate limit ends."""
 
     # ----------------------------------------------------------------------------- control
 
@@ -434,6 +436,7 @@ class Worker:
             return False
         if probe.next_tick is not None:
             self._next_tick = min(self._next_tick, probe.next_tick)
+        self._next_due = probe.next_due
         return probe.claimable or (
             probe.next_due is not None and probe.next_due <= self.transport.clock()
         )
@@ -459,6 +462,10 @@ class Worker:
         wait = self.heartbeat_interval
         if polling:
             wait = min(wait, self.poll_interval)
+            if self._next_due is not None:
+                # A lease, park or delay ends, or a rate-limited tenant gets its next token,
+                # before the next poll: wake then, not a poll later.
+                wait = min(wait, max(0.0, self._next_due - self.transport.clock()) + 0.001)
         if self._retry:
             wait = min(wait, max(0.0, self._retry_at - now))
         if give_up_at is not None:
