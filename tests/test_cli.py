@@ -56,6 +56,7 @@ COMMANDS = [
     ["tenants"],
     ["tenant"],
     ["tenant", "weight"],
+    ["tenant", "limits"],
     ["tenant", "rule"],
     ["dashboard"],
     ["schedule"],
@@ -826,3 +827,34 @@ def test_tenants_weights_and_the_rule(sqlite_target: Target) -> None:
     mismatch = run(*target.args, "publish", "g1", '"b"', "--tenant", "other")
     assert mismatch.returncode == 1 and "tenant" in mismatch.stderr
     assert run(*target.args, "tenant", "rule", "--none").returncode == 0
+
+
+def test_tenant_limits_bounds_and_debounce(sqlite_target: Target) -> None:
+    """`tenant limits` (kept when left out, 'none' removes), `tenants` shows them, a publish
+    over a bound fails with the limit, `publish --debounce` replaces the pending message."""
+    target = sqlite_target
+    done = run(*target.args, "tenant", "limits", "acme", "--rate", "5", "--max-group-queued", "1")
+    assert done.returncode == 0, done.stderr
+    assert run(*target.args, "tenant", "limits", "acme", "--max-in-flight", "2").returncode == 0
+    assert run(*target.args, "publish", "a1", '"x"', "--tenant", "acme").returncode == 0
+    full = run(*target.args, "publish", "a1", '"y"')
+    assert full.returncode == 1 and "at most 1 messages" in full.stderr, full.stderr
+    listed = run(*target.args, "tenants", "--json")
+    acme = {t["name"]: t for t in map(json.loads, listed.stdout.splitlines())}["acme"]
+    assert (acme["rate"], acme["burst"], acme["max_in_flight"], acme["max_group_queued"]) == (
+        5.0,
+        5.0,
+        2,
+        1,
+    )
+    table = run(*target.args, "tenants").stdout
+    assert "5/s, burst 5" in table and "0 / 2" in table, table
+    assert run(*target.args, "tenant", "limits", "acme", "--rate", "none").returncode == 0
+    bad = run(*target.args, "tenant", "limits", "acme", "--max-in-flight", "lots")
+    assert bad.returncode == 2 and "'none'" in bad.stderr
+    assert run(*target.args, "tenant", "limits", "acme").returncode == 2
+    first = run(*target.args, "publish", "d", '"v1"', "--debounce", "k", "--delay", "60")
+    again = run(*target.args, "publish", "d", '"v2"', "--debounce", "k", "--delay", "60")
+    assert first.stdout == again.stdout and first.returncode == 0
+    peeked = run(*target.args, "peek", "d")
+    assert "v2" in peeked.stdout and "v1" not in peeked.stdout, peeked.stdout

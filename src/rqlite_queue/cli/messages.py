@@ -78,6 +78,17 @@ def _read_lines(stream: Any, default_priority: int) -> list[tuple[int, dict[str,
     "--tenant", help="The tenant of the group, if this publish creates it (docs/fairness.md)."
 )
 @click.option(
+    "--debounce",
+    metavar="KEY",
+    help="Replace the group's pending message with this key instead of adding one.",
+)
+@click.option(
+    "--max-wait",
+    type=float,
+    metavar="SECONDS",
+    help="With --debounce and --delay: delivered at the latest SECONDS after the run's first.",
+)
+@click.option(
     "--batch-size",
     type=click.IntRange(min=1),
     default=PUBLISH_BATCH,
@@ -94,6 +105,8 @@ def publish(
     delay: float | None,
     ttl: float | None,
     tenant: str | None,
+    debounce: str | None,
+    max_wait: float | None,
     batch_size: int,
 ) -> int:
     """Publish EVENT_JSON into GROUP, or JSON lines from stdin.
@@ -101,16 +114,17 @@ def publish(
     With GROUP and EVENT_JSON, publishes one message and prints its seq. With no arguments
     (or GROUP '-'), reads one JSON object per line from stdin,
     {"group_id": ..., "event": ..., "priority": ..., "dedup_id": ..., "delay": ...,
-    "not_before": ..., "ttl": ..., "tenant": ...} (all but group_id and event optional),
+    "not_before": ..., "ttl": ..., "tenant": ..., "debounce": ..., "max_wait": ...} (all
+    but group_id and event optional),
     checks every line, then publishes them in batches with a progress bar on stderr. A bad
     line publishes nothing."""
     if group is None or group == "-":
         if event_json is not None:
             raise click.UsageError("EVENT_JSON cannot be given with stdin input ('-')")
-        if dedup_id is not None or delay is not None or ttl is not None or tenant is not None:
+        if any(v is not None for v in (dedup_id, delay, ttl, tenant, debounce, max_wait)):
             raise click.UsageError(
-                "--dedup-id, --delay, --ttl and --tenant apply to one message; put them in "
-                "the lines"
+                "--dedup-id, --delay, --ttl, --tenant, --debounce and --max-wait apply to one "
+                "message; put them in the lines"
             )
         if sys.stdin.isatty():
             raise click.UsageError("give GROUP and EVENT_JSON, or pipe JSON lines to stdin")
@@ -121,7 +135,15 @@ def publish(
     event = _parse_event(event_json)
     with config.transport() as queue:
         seq = queue.publish(
-            group, event, priority, dedup_id=dedup_id, delay=delay, ttl=ttl, tenant=tenant
+            group,
+            event,
+            priority,
+            dedup_id=dedup_id,
+            delay=delay,
+            ttl=ttl,
+            tenant=tenant,
+            debounce=debounce,
+            max_wait=max_wait,
         )
     click.echo(seq)
     return 0

@@ -1,8 +1,11 @@
-"""Tenants' commands: `tenants` (list), `tenant weight`, `tenant rule` (docs/fairness.md)."""
+"""Tenants' commands: `tenants` (list), `tenant weight`, `tenant limits`, `tenant rule`
+(docs/fairness.md)."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
+from typing import Any
 
 import click
 from rich.table import Table
@@ -23,7 +26,7 @@ from ._base import Config, _json, _stdout, cli
 @click.pass_obj
 def tenants_command(config: Config, limit: int, after: str | None, as_json: bool) -> int:
     """List tenants by name (the default one, '', first): weight, claimable groups, groups,
-    leases in flight, messages."""
+    leases in flight (of the cap), messages (of the bound), rate limit and group bound."""
     with config.transport() as queue:
         tenants = queue.tenants(limit=limit, after=after)
     if as_json:
@@ -31,16 +34,31 @@ def tenants_command(config: Config, limit: int, after: str | None, as_json: bool
             click.echo(_json(dataclasses.asdict(tenant)))
         return 0
     table = Table()
-    for column in ("tenant", "weight", "claimable", "groups", "in flight", "depth"):
-        table.add_column(column, justify="left" if column == "tenant" else "right")
+    columns = (
+        "tenant",
+        "weight",
+        "claimable",
+        "groups",
+        "in flight",
+        "depth",
+        "rate",
+        "group bound",
+    )
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("tenant", "rate") else "right")
     for t in tenants:
+        rate = "-"
+        if t.rate is not None:
+            rate = f"{t.rate:g}/s, burst {t.burst or 0:g}, {t.tokens or 0:.1f} left"
         table.add_row(
             t.name or "(default)",
             f"{t.weight:g}",
             str(t.ready),
             str(t.groups),
-            str(t.in_flight),
-            str(t.depth),
+            _of(t.in_flight, t.max_in_flight),
+            _of(t.depth, t.max_queued),
+            rate,
+            "-" if t.max_group_queued is None else str(t.max_group_queued),
         )
     title = f"{len(tenants)} tenants"
     if len(tenants) == limit:
@@ -49,9 +67,13 @@ def tenants_command(config: Config, limit: int, after: str | None, as_json: bool
     return 0
 
 
+def _of(count: int, bound: int | None) -> str:
+    return str(count) if bound is None else f"{count} / {bound}"
+
+
 @cli.group()
 def tenant() -> None:
-    """Set a tenant's weight, or the rule naming new groups' tenants."""
+    """Set a tenant's weight or limits, or the rule naming new groups' tenants."""
 
 
 @tenant.command()
@@ -64,6 +86,68 @@ def weight(config: Config, name: str, value: float) -> int:
     with config.transport() as queue:
         queue.set_tenant(name, weight=value)
     _stdout().print(f"tenant {name!r}: weight {value:g}")
+    return 0
+
+
+def _limit(whole: bool) -> Any:
+    """A click callback: a number, or 'none' (math.inf: no limit)."""
+
+    def convert(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
+        if value is None:
+            return None
+        if value.lower() == "none":
+            return math.inf
+        try:
+            return int(value) if whole else float(value)
+        except ValueError:
+            what = "a whole number" if whole else "a number"
+            raise click.BadParameter(f"{value!r} is not {what} or 'none'") from None
+
+    return convert
+
+
+@tenant.command()
+@click.argument("name", metavar="TENANT")
+@click.option("--rate", callback=_limit(False), help="Claims per second ('none': no limit).")
+@click.option("--burst", type=float, help="Claims at once after a quiet spell (with a rate).")
+@click.option(
+    "--max-in-flight", callback=_limit(True), help="Groups leased at once ('none': no cap)."
+)
+@click.option("--max-queued", callback=_limit(True), help="Messages in all ('none': no bound).")
+@click.option(
+    "--max-group-queued",
+    callback=_limit(True),
+    help="Messages in each of its groups ('none': no bound).",
+)
+@click.pass_obj
+def limits(
+    config: Config,
+    name: str,
+    rate: float | None,
+    burst: float | None,
+    max_in_flight: float | None,
+    max_queued: float | None,
+    max_group_queued: float | None,
+) -> int:
+    """Set TENANT's limits ('' is the default tenant); those not given are kept. On a
+    sharded queue, each shard enforces them on its own groups."""
+    settings = {
+        "rate": rate,
+        "burst": burst,
+        "max_in_flight": max_in_flight,
+        "max_queued": max_queued,
+        "max_group_queued": max_group_queued,
+    }
+    given = {key: value for key, value in settings.items() if value is not None}
+    if not given:
+        raise click.UsageError("give at least one of --rate, --burst, --max-in-flight, ...")
+    with config.transport() as queue:
+        queue.set_tenant(name, **given)
+    shown = ", ".join(
+        f"{key.replace('_', '-')} {'none' if value == math.inf else f'{value:g}'}"
+        for key, value in given.items()
+    )
+    _stdout().print(f"tenant {name!r}: {shown}")
     return 0
 
 
