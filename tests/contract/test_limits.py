@@ -217,3 +217,16 @@ async def test_the_default_tenant_can_be_bounded_and_follow_ups_are_not(q: Any) 
     lease = await q.claim("w", 30)
     await q.ack(lease, publish=[("g", 1), ("g", 2)])
     assert [e for _, e in await q.peek("g")] == [1, 2]
+
+
+async def test_a_paused_queue_does_not_report_a_token_already_there(
+    q: Any, clock: FakeClock
+) -> None:
+    """The probe's next due time is never in the past for a bucket that has tokens: an idle
+    Worker would wake (and write an empty claim) over and over while the queue is paused."""
+    await q.set_tenant("a", rate=1, burst=1)
+    await q.publish_many(by_tenant(q, {"a": (2, 1)}))
+    await q.pause()
+    clock.advance(5)
+    probe = await q.probe()
+    assert not probe.claimable and probe.next_due is None

@@ -1339,6 +1339,9 @@ def probe(n: Names, *, min_priority: int, now: float) -> Batch:
     # min() over the column an index is ordered by: one probe of the all-ready index, or of
     # the per-priority one from the floor up. Once tenants are on, a claim without a floor
     # finds something if a tenant with claimable groups has something left of its limits.
+    # A token still to come counts (one already there is a claimable tenant's, or one that
+    # cannot claim for another reason: a pause, a cap; as a time past, it would wake an idle
+    # worker over and over).
     first = (
         f"(SELECT min(priority) FROM {n.groups} WHERE ready = 1 AND held = 0 AND priority >= :p)"
         if min_priority
@@ -1356,9 +1359,10 @@ def probe(n: Names, *, min_priority: int, now: float) -> Batch:
         f"SELECT {claimable} AND NOT {_paused(n)}, "
         f"(SELECT min(w) FROM (SELECT min(until) w FROM {n.groups} WHERE ready = 0 UNION ALL "
         f"SELECT min(x.stamp + (1 - x.tokens) / x.rate) FROM {n.tenants} x INDEXED BY "
-        f"{n.tenants_rated} WHERE x.rate IS NOT NULL AND x.ready > 0 AND {_room(n, 'x')} > 0)), "
+        f"{n.tenants_rated} WHERE x.rate IS NOT NULL AND x.ready > 0 AND x.stamp + (1 - "
+        f"x.tokens) / x.rate > :now AND {_room(n, 'x')} > 0)), "
         f"(SELECT min(next_at) FROM {n.schedules}), {tenants_on}",
-        {"p": min_priority, "n": 1} if min_priority else {"n": 1, "now": now},
+        {"p": min_priority, "n": 1, "now": now} if min_priority else {"n": 1, "now": now},
         slot="probe",
     )
     return b.build()
