@@ -4,6 +4,9 @@ entries per message before and after a change (a refactoring must not move them)
     .venv/bin/python bench/before_after.py --before e80885b          # the redesign's check
     .venv/bin/python bench/before_after.py --before REV --after REV2 --reps 5
 
+With `--flavours publish`, also single `publish` calls from one thread (`--publishes` of them,
+into `--groups` groups): the producer's cost per message.
+
 Each version runs from its own `git worktree` (made in a temporary directory, removed at the
 end) in a child process of its own, on the same local 3-node cluster (rqlite's default Raft
 timeouts, as the main bench). For every repetition, concurrency and flavour (Worker on
@@ -97,6 +100,21 @@ with Transport.from_url(url, queue=queue) as q:
 """
 
 
+PUBLISH_ONE = """
+import json, sys, time
+from rqlite_queue import Transport
+
+url, queue, messages, groups = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+with Transport.from_url(url, queue=queue) as q:
+    q.setup()
+    started = time.perf_counter()
+    for i in range(messages):
+        q.publish(f"g{i % groups}", i)
+    seconds = time.perf_counter() - started
+print(json.dumps({"seconds": seconds, "handled": messages}))
+"""
+
+
 def run_child(src: Path, code: str, argv: list[str]) -> subprocess.CompletedProcess[str]:
     """`code` run with `src` as the library; its stderr shown if it fails."""
     child = subprocess.run(
@@ -113,8 +131,15 @@ def run_child(src: Path, code: str, argv: list[str]) -> subprocess.CompletedProc
 def one_run(
     src: Path, cluster: Cluster, flavour: str, concurrency: int, args: argparse.Namespace
 ) -> tuple[float, float]:
-    """(messages per second, Raft entries per message) of one drain."""
+    """(messages per second, Raft entries per message) of one drain (or, flavour `publish`,
+    of single publishes)."""
     queue = f"ba_{uuid.uuid4().hex[:10]}"
+    if flavour == "publish":
+        before = raft_index(cluster)
+        argv = [cluster.url, queue, str(args.publishes), str(args.groups)]
+        out = json.loads(run_child(src, PUBLISH_ONE, argv).stdout.strip().splitlines()[-1])
+        entries = raft_index(cluster) - before
+        return out["handled"] / out["seconds"], entries / max(1, out["handled"])
     # Published by the version under test: each makes (and must find) its own schema.
     run_child(src, PUBLISH, [cluster.url, queue, str(args.messages), str(args.groups)])
     time.sleep(0.5)  # let the cluster settle after the publishes
@@ -136,6 +161,10 @@ def main() -> int:
     parser.add_argument("--groups", type=int, default=400)
     parser.add_argument("--c1-messages", type=int, default=600)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 64])
+    parser.add_argument(
+        "--flavours", nargs="+", default=["sync", "async"], choices=["sync", "async", "publish"]
+    )
+    parser.add_argument("--publishes", type=int, default=1000)
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "before_after.md"))
     args = parser.parse_args()
     label = {"before": args.before, "after": args.after or "working tree"}
@@ -150,7 +179,9 @@ def main() -> int:
                 cluster.wait_ready()
                 for rep in range(args.reps):
                     for concurrency in args.concurrency:
-                        for flavour in ("sync", "async"):
+                        for flavour in args.flavours:
+                            if flavour == "publish" and concurrency != args.concurrency[0]:
+                                continue  # one producer thread: once a repetition
                             order = ["before", "after"] if rep % 2 == 0 else ["after", "before"]
                             for version in order:
                                 rate, raft = one_run(
@@ -199,13 +230,16 @@ def write_report(
         "before | after |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for flavour in ("sync", "async"):
+    names = {"sync": "Worker", "async": "AsyncWorker", "publish": "single publish"}
+    for flavour in args.flavours:
         for concurrency in args.concurrency:
+            if (flavour, concurrency, "before") not in results:
+                continue
             before = results[(flavour, concurrency, "before")]
             after = results[(flavour, concurrency, "after")]
             ratios = [a[0] / b[0] for a, b in zip(after, before, strict=True)]
             lines.append(
-                f"| {'Worker' if flavour == 'sync' else 'AsyncWorker'} | {concurrency} | "
+                f"| {names[flavour]} | {concurrency if flavour != 'publish' else 1} | "
                 f"{cell([r for r, _ in before], ',.0f')} | {cell([r for r, _ in after], ',.0f')} "
                 f"| {cell(ratios, '.2f')} | {cell([e for _, e in before], '.3f')} | "
                 f"{cell([e for _, e in after], '.3f')} |"

@@ -77,6 +77,14 @@ def hot_batches(n: sql.Names) -> dict[str, sql.Batch]:
             32, settle=sql.Settle(finish=many[:16], give_back=[(many[16], 9.0)], extend=many[17:])
         ),
         "publish": publish([sql.NewMessage("g", "{}", 0)]),
+        "publish, the tripwire form": sql.publish(
+            n,
+            [sql.NewMessage("g", "{}", 0)],
+            now=1.0,
+            dedup_until=2.0,
+            prune_before=None,
+            bounds="tripwire",
+        ),
         "publish with a tenant": publish([sql.NewMessage("g", "{}", 0, tenant="t7")]),
         "publish dedup": publish([dedup], prune=0.5),
         "publish debounced": publish(

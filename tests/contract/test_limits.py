@@ -215,8 +215,12 @@ async def test_the_default_tenant_can_be_bounded_and_follow_ups_are_not(q: Any) 
     with pytest.raises(QueueFull):
         await q.publish("g", 1)
     lease = await q.claim("w", 30)
-    await q.ack(lease, publish=[("g", 1), ("g", 2)])
+    others = [f"x{i}" for i in range(6)]  # on a sharded queue, some on another shard:
+    await q.publish_many([(x, 0) for x in others])  # forwarded through the outbox
+    await q.ack(lease, publish=[("g", 1), ("g", 2), *[(x, 1) for x in others]])
     assert [e for _, e in await q.peek("g")] == [1, 2]
+    for x in others:
+        assert [e for _, e in await q.peek(x)] == [0, 1]
 
 
 async def test_a_paused_queue_does_not_report_a_token_already_there(
@@ -230,3 +234,17 @@ async def test_a_paused_queue_does_not_report_a_token_already_there(
     clock.advance(5)
     probe = await q.probe()
     assert not probe.claimable and probe.next_due is None
+
+
+async def test_a_client_that_has_not_learnt_tenants_are_on_keeps_to_the_bounds(
+    make_queue: Any,
+) -> None:
+    """Its publishes assume no bounds (tenants off): once they are on, such a publish fails,
+    writes nothing, and is made again with the bounds checked."""
+    producer = await make_queue()
+    await producer.publish("warm-up", 0)
+    admin = await make_queue()
+    await admin.set_tenant("", max_group_queued=1)
+    with pytest.raises(QueueFull):
+        await producer.publish("warm-up", 1)
+    assert [e for _, e in await producer.peek("warm-up")] == [0]

@@ -118,6 +118,10 @@ class AsyncBackend:
             refined = self.core.refined(exc)
             if refined is exc:
                 raise
+            if isinstance(refined, TenantsTurnedOn):
+                self.fair = True
+                if plan.if_tenants_on is not None:
+                    return await self.run(plan.if_tenants_on(), deadline)
             if isinstance(refined, QueueFull) and plan.explain is not None:
                 refined = await self._send(plan.explain, deadline)
             raise refined from None
@@ -308,8 +312,12 @@ class AsyncClusterRouter:
     ) -> T:
         return await self.backend.run(plan, deadline)
 
-    async def publish(self, messages: Sequence[NewMessage], deadline: float) -> list[int]:
-        return await self.backend.run(self.backend.core.publish(messages), deadline)
+    async def publish(
+        self, messages: Sequence[NewMessage], deadline: float, *, bounded: bool = True
+    ) -> list[int]:
+        backend = self.backend
+        tenants_on = backend.fair if bounded else None
+        return await backend.run(backend.core.publish(messages, tenants_on=tenants_on), deadline)
 
     async def round(
         self, checked: CheckedRound, deadline: float, *, probe_when_idle: bool

@@ -210,19 +210,23 @@ class AsyncShardRouter:
         results = await self.answering(lambda _, b: b.run(plan, by), workers)
         return merge(results, [name for name in self.names if name not in results])
 
-    async def publish(self, messages: Sequence[NewMessage], deadline: float) -> list[int]:
+    async def publish(
+        self, messages: Sequence[NewMessage], deadline: float, *, bounded: bool = True
+    ) -> list[int]:
         """Per target shard, atomically (not across shards); the moving groups that still
-        have messages on their old shard held on the new one until those are delivered."""
+        have messages on their old shard held on the new one until those are delivered.
+        `bounded`: False for follow-ups forwarded from an outbox (never bounded)."""
         parts = split_by_shard(messages, lambda m: self.shard_list.shard_of(m.group_id))
-        plans = {n: self.core.publish([messages[i] for i in ix]) for n, ix in parts.items()}
         for name in parts:
             self.check_up(name)
         waiting = await self.moves.still_on_old_shards({m.group_id for m in messages}, deadline)
 
         async def part(name: str, backend: AsyncBackend) -> list[int] | QueueFull:
             held = sorted({messages[i].group_id for i in parts[name]} & waiting)
+            tenants_on = backend.fair if bounded else None
+            mine = self.core.publish([messages[i] for i in parts[name]], tenants_on=tenants_on)
             try:
-                plan = self.core.guarded(plans[name], self.shard_list.epoch, held)
+                plan = self.core.guarded(mine, self.shard_list.epoch, held)
                 return await backend.run(plan, deadline)
             except QueueFull as exc:  # this shard's part only: the others may be written
                 return exc

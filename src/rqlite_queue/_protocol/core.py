@@ -108,6 +108,9 @@ class Plan(Generic[T]):
     explain: Plan[QueueError] | None = None
     """When the batch is refused for going over a bound (`QueueFull`), the read that says
     which one."""
+    if_tenants_on: Callable[[], Plan[T]] | None = None
+    """When the batch fails because the queue's tenants are on (`TenantsTurnedOn`: this
+    client assumed them off), the plan to run instead."""
 
 
 class QueueCore:
@@ -252,8 +255,13 @@ class QueueCore:
                 raise exc
         return rows
 
-    def publish(self, messages: Sequence[sql.NewMessage]) -> Plan[list[int]]:
-        """Publish checked messages atomically; the plan reads their seqs, in order."""
+    def publish(
+        self, messages: Sequence[sql.NewMessage], *, tenants_on: bool | None = True
+    ) -> Plan[list[int]]:
+        """Publish checked messages atomically; the plan reads their seqs, in order.
+        `tenants_on`: what the client knows of the queue's tenants (bounds need them on):
+        True, check the bounds; False, fail if they are on (and then check them, with
+        `Plan.if_tenants_on`); None, skip bounds (follow-ups forwarded from an outbox)."""
         now = self._now()
         # A dedup id repeated within one batch is one message: its repeats get its seq. So is
         # a debounce key repeated in a group: the first's place, the last's content.
@@ -301,6 +309,7 @@ class QueueCore:
             now=now,
             dedup_until=now + self.dedup_window,
             prune_before=now - self.dedup_window if prune else None,
+            bounds="check" if tenants_on else "skip" if tenants_on is None else "tripwire",
         )
 
         def read(reply: sql.Reply) -> list[int]:
@@ -316,6 +325,9 @@ class QueueCore:
             read if every_message_deduplicated else None,
             tenants_on=named,
             explain=self._queue_full(unique),
+            if_tenants_on=None
+            if tenants_on is not False
+            else lambda: self.publish(messages, tenants_on=True),
         )
 
     def _queue_full(self, messages: Sequence[sql.NewMessage]) -> Plan[QueueError]:
@@ -593,7 +605,9 @@ class QueueCore:
         `error` itself."""
         if sql.QUEUE_FULL_ERROR.format(tenants=self.names.tenants) in str(error):
             return QueueFull(_FULL)
-        if sql.TENANTS_ON_ERROR.format(claims=self.names.claims) in str(error):
+        if sql.TENANTS_ON_ERROR.format(claims=self.names.claims) in str(
+            error
+        ) or sql.TENANTS_ON_PUBLISH_ERROR.format(messages=self.names.messages) in str(error):
             return TenantsTurnedOn(str(error))
         if sql.TENANT_CHANGE_ERROR.format(tenants=self.names.tenants) in str(error):
             return TenantMismatch(
@@ -768,12 +782,16 @@ class QueueCore:
         guards = [*sql.epoch_guards(self.names, epoch=epoch)]
         if held:
             guards.append(sql.wait_for_old_shard(self.names, held))
+        alternative = plan.if_tenants_on
         return dataclasses.replace(
             plan,
             batch=sql.guarded(plan.batch, guards),
             replay_batch=None
             if plan.replay_batch is None
             else sql.guarded(plan.replay_batch, guards),
+            if_tenants_on=None
+            if alternative is None
+            else lambda: self.guarded(alternative(), epoch, held),
         )
 
     def transaction(

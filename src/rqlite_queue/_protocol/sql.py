@@ -598,13 +598,17 @@ def publish(
     now: float,
     dedup_until: float,
     prune_before: float | None,
+    bounds: str = "check",
 ) -> Batch:
     """Append messages in order, in a fixed number of statements. A group's priority is set by
     the publish that creates (or refills) its row and kept while it has messages. A message
     with a dedup id is inserted only if the id is not remembered, unexpired at `now`; the
     seqs of deduplicated messages (new or earlier) are read back. `messages` must not repeat a
     dedup id (the core folds repeats). `prune_before`: first forget dedup ids that expired
-    before it."""
+    before it. `bounds`: "check" the tenants' bounds on queued messages (`_within_bounds`);
+    "tripwire" (a client that has not learnt that tenants are on: bounds need them on) fail
+    with TENANTS_ON_PUBLISH_ERROR if they are; "skip" them (follow-ups forwarded from an
+    outbox: never bounded)."""
     items = _json([m.row() for m in messages])
     b = _Builder()
     if any(m.tenant is not None for m in messages):
@@ -616,8 +620,12 @@ def publish(
         _mark_last_seq(b, n)
         _debounce(b, n, items, now)
     replaced = f" AND {_not_replaced(n)}" if debounced else ""
-    _insert_messages(b, n, messages, items, now, dedup_until, "true", replaced)
-    _within_bounds(b, n, messages)
+    if bounds == "tripwire" and any(m.tenant is not None for m in messages):
+        bounds = "check"  # this publish turns them on (above), if they were not
+    published_at = _TRIPWIRE.format(claims=n.claims) if bounds == "tripwire" else ":now"
+    _insert_messages(b, n, messages, items, now, dedup_until, "true", replaced, published_at)
+    if bounds == "check":
+        _within_bounds(b, n, messages)
     if debounced:
         b.add(
             f"SELECT j.key, max(m.seq) FROM json_each(:items) j JOIN {n.messages} m ON "
@@ -677,6 +685,10 @@ def _debounce(b: _Builder, n: Names, items: str, now: float) -> None:
         {"items": items, "now": now},
     )
 
+
+_TRIPWIRE = "iif(EXISTS (SELECT 1 FROM {claims} WHERE token = '*'), NULL, :now)"
+TENANTS_ON_PUBLISH_ERROR = "NOT NULL constraint failed: {messages}.published_at"
+"""How a publish that assumed tenants off fails once they are on (`publish`, "tripwire")."""
 
 QUEUE_FULL_ERROR = "NOT NULL constraint failed: {tenants}.vt"
 """How a publish fails when it would take a tenant, or one of its groups, over its bound on
@@ -759,6 +771,7 @@ def _insert_messages(
     dedup_until: float,
     condition: str,
     replaced: str = "",
+    published_at: str = ":now",
 ) -> None:
     """Insert `items` (a JSON array: group, event, priority, dedup id, due, expires, tenant,
     ...), those for which `condition` holds (an SQL expression over `j`), and create or
@@ -790,7 +803,8 @@ def _insert_messages(
     )
     b.add(
         f"INSERT INTO {n.messages} (group_id, event, published_at, dedup_id, due, expires"
-        f"{columns}) SELECT {_item(0)}, {_item(1)}, :now, {_item(3)}, {_item(4)}, {_item(5)}"
+        f"{columns}) SELECT {_item(0)}, {_item(1)}, {published_at}, {_item(3)}, {_item(4)}, "
+        f"{_item(5)}"
         f"{values} FROM json_each(:items) j WHERE {condition}{unseen}{replaced} ORDER BY j.key",
         {"items": items, "now": now},
         slot="inserted",

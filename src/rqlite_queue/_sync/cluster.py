@@ -118,6 +118,10 @@ class Backend:
             refined = self.core.refined(exc)
             if refined is exc:
                 raise
+            if isinstance(refined, TenantsTurnedOn):
+                self.fair = True
+                if plan.if_tenants_on is not None:
+                    return self.run(plan.if_tenants_on(), deadline)
             if isinstance(refined, QueueFull) and plan.explain is not None:
                 refined = self._send(plan.explain, deadline)
             raise refined from None
@@ -308,8 +312,12 @@ class ClusterRouter:
     ) -> T:
         return self.backend.run(plan, deadline)
 
-    def publish(self, messages: Sequence[NewMessage], deadline: float) -> list[int]:
-        return self.backend.run(self.backend.core.publish(messages), deadline)
+    def publish(
+        self, messages: Sequence[NewMessage], deadline: float, *, bounded: bool = True
+    ) -> list[int]:
+        backend = self.backend
+        tenants_on = backend.fair if bounded else None
+        return backend.run(backend.core.publish(messages, tenants_on=tenants_on), deadline)
 
     def round(self, checked: CheckedRound, deadline: float, *, probe_when_idle: bool) -> Round:
         return self.backend.round(checked, deadline, probe_when_idle=probe_when_idle)

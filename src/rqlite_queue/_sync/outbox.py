@@ -66,7 +66,7 @@ class Outbox:
         for part in by_target.values():
             messages = [outbox_message(name, row) for row in part]
             try:
-                self.router.publish(messages, deadline)
+                self.router.publish(messages, deadline, bounded=False)
             except (*NOT_ANSWERED, StaleShardList):
                 continue  # stays in the outbox; its group's later rows wait behind it
             done += [row.id for row in part]
