@@ -268,3 +268,66 @@ def test_claim_cost_is_flat(name: str, tmp_path: Path) -> None:
         sizes[size] = vm_steps(path, batches[name])
     flat = sizes[BACKLOG] <= sizes[1000] * 1.2 + 20
     assert flat != name.endswith("(must grow)"), sizes
+
+
+TENANT_HOT = (
+    "claim, tenants on",
+    "claim_many, tenants on",
+    "claim min_priority=4, tenants on",
+    "probe",
+    "publish with a tenant",
+    "publish debounced",
+    "set_tenant limits",
+)
+
+
+def _tenanted_queue(path: str, groups: int, per_group: int, tenants: int) -> None:
+    """`groups` groups of `per_group` messages over `tenants` tenants, a tenth of them with a
+    cap, a rate and bounds (far from reached), published in batches."""
+    n = sql.Names.of("plans")
+    executor = SqliteExecutor(path)
+
+    def execute(batch: sql.Batch) -> list[sql.Result]:
+        return executor.execute(batch, time.monotonic() + 600)
+
+    create(n, execute)
+    for t in range(0, tenants, 10):
+        limits = {"cap": 10**6, "rate": 1e5, "burst": 1e5, "max_queued": 10**8}
+        execute(sql.set_tenant(n, f"t{t}", limits, now=1.0))
+    step = 20_000
+    for start in range(0, groups * per_group, step):
+        messages = [
+            sql.NewMessage(f"g{i % groups}", "{}", 0, tenant=f"t{i % groups % tenants}")
+            for i in range(start, min(start + step, groups * per_group))
+        ]
+        execute(sql.publish(n, messages, now=1.0, dedup_until=2.0, prune_before=None))
+    execute(
+        sql.publish(
+            n,
+            [sql.NewMessage("urgent", "{}", 4, tenant="t1")],
+            now=1.0,
+            dedup_until=2.0,
+            prune_before=None,
+        )
+    )
+    executor.close()
+
+
+@pytest.mark.slow
+def test_tenant_hot_paths_are_flat_behind_a_million_messages(tmp_path: Path) -> None:
+    """Issue 22's cost check: the claims (fair, many, with a floor), the probe, a publish
+    naming a tenant, a debounced one and set_tenant do about the same work behind 1 000 000
+    messages in 100 000 groups over 1 000 tenants (a tenth capped, rate-limited and bounded)
+    as behind 40 000 messages in 40 000 groups over the same tenants. (A fair claim of n
+    looks at up to n groups of each of up to n tenants: its work grows with the groups per
+    tenant up to n, then no more: both backlogs have more than 32 a tenant.)"""
+    small, large = str(tmp_path / "small.db"), str(tmp_path / "large.db")
+    _tenanted_queue(small, 40_000, 1, 1_000)
+    _tenanted_queue(large, 100_000, 10, 1_000)
+    batches = hot_batches(sql.Names.of("plans"))
+    grown = {}
+    for name in TENANT_HOT:
+        steps = (vm_steps(small, batches[name]), vm_steps(large, batches[name]))
+        grown[name] = steps
+    grew = {name: steps for name, steps in grown.items() if steps[1] > steps[0] * 1.2 + 50}
+    assert grew == {}, grown

@@ -707,9 +707,10 @@ def _within_bounds(b: _Builder, n: Names, messages: Sequence[NewMessage]) -> Non
         f"{n.groups} g ON g.group_id = j.value) UPDATE {n.tenants} SET vt = NULL WHERE name = "
         f"'' AND EXISTS (SELECT 1 FROM {n.tenants} INDEXED BY {n.tenants_bounded} WHERE "
         f"{_BOUNDED}) AND EXISTS (SELECT 1 FROM {n.tenants} t WHERE t.name IN (SELECT e FROM "
-        f"x) AND (EXISTS (SELECT 1 FROM x WHERE e = t.name AND {held.format(g='i')} > "
-        f"t.max_group_queued) OR (SELECT sum({held.format(g='h.group_id')}) FROM {n.groups} h "
-        f"WHERE h.tenant = t.name) > t.max_queued))",
+        f"x) AND ((t.max_group_queued IS NOT NULL AND EXISTS (SELECT 1 FROM x WHERE e = t.name "
+        f"AND {held.format(g='i')} > t.max_group_queued)) OR (t.max_queued IS NOT NULL AND "
+        f"(SELECT sum({held.format(g='h.group_id')}) FROM {n.groups} h WHERE h.tenant = t.name)"
+        f" > t.max_queued)))",
         {"groups": groups},
     )
 
