@@ -41,13 +41,21 @@ def quantile(values: list[float], q: float) -> float:
 
 
 def claim_latency(cluster: Cluster, claims: int) -> dict[str, list[float]]:
-    """Seconds per claim + ack, behind 20 000 groups: one tenant, or 1 000 tenants."""
+    """Seconds per claim + ack, behind 20 000 groups: one tenant, 1 000 tenants, or 1 000
+    tenants of which a tenth have a cap, a rate limit and bounds (none reached: what checking
+    them costs)."""
     queues: dict[str, Any] = {}
-    for name, tenants in (("none", 0), ("1k tenants", 1000)):
+    for name, tenants, limited in (
+        ("none", 0, False),
+        ("1k tenants", 1000, False),
+        ("1k tenants, a tenth limited", 1000, True),
+    ):
         q = Transport.from_url(cluster.url, queue=f"cl_{uuid.uuid4().hex[:8]}")
         if tenants:
             for t in range(0, tenants, 10):
                 q.set_tenant(f"t{t}", weight=1 + t % 4)
+                if limited:
+                    q.set_tenant(f"t{t}", max_in_flight=1000, rate=1e5, burst=1e5, max_queued=10**7)
         for start in range(0, 20_000, 2000):
             q.publish_many(
                 [
@@ -62,7 +70,9 @@ def claim_latency(cluster: Cluster, claims: int) -> dict[str, list[float]]:
         queues[name] = q
     times: dict[str, list[float]] = {name: [] for name in queues}
     for i in range(claims):
-        for name in list(queues)[:: 1 if i % 2 else -1]:
+        names = list(queues)
+        shift = i % len(names)
+        for name in names[shift:] + names[:shift]:
             q = queues[name]
             started = time.perf_counter()
             lease = q.claim("w", 30)
@@ -195,8 +205,12 @@ def main() -> int:
         "| backlog | p50 ms | p90 ms | ratio of p50 to one tenant |",
         "| --- | --- | --- | --- |",
     ]
-    for name in ("none", "1k tenants"):
-        label = "one tenant" if name == "none" else "1 000 tenants (weights 1-4)"
+    labels = {
+        "none": "one tenant",
+        "1k tenants": "1 000 tenants (weights 1-4)",
+        "1k tenants, a tenth limited": "1 000 tenants, a tenth capped, rate-limited, bounded",
+    }
+    for name, label in labels.items():
         p50 = statistics.median(latency[name])
         lines.append(
             f"| {label} | {p50 * 1000:.2f} | {quantile(latency[name], 0.9) * 1000:.2f} | "
@@ -204,8 +218,9 @@ def main() -> int:
         )
     lines += [
         "",
-        f"{args.claims} claims each, the two queues alternating claim by claim; 1 000 tenants "
-        f"to {many / none:.2f}x the claim with one.",
+        f"{args.claims} claims each, the queues taking turns claim by claim; 1 000 tenants "
+        f"to {many / none:.2f}x the claim with one; with limits to check (none reached), "
+        f"{statistics.median(latency['1k tenants, a tenth limited']) / none:.2f}x.",
         "",
         f"## The flood: A {args.a_messages:,} messages in {args.a_groups:,} groups; B, C, D "
         f"{args.small} each in 10 groups",
