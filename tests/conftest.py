@@ -8,11 +8,19 @@ is left behind.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from rqlite_queue import RqliteTransport
 from rqlite_queue.testing import Cluster
+from rqlite_queue.worker import Worker
+
+ThreeWorkers = Callable[..., AbstractContextManager[None]]
 
 
 @pytest.fixture(params=["sqlite", "rqlite3"])
@@ -35,3 +43,33 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             isinstance(v, str) and v.startswith("rqlite") for v in values
         ):
             item.add_marker(pytest.mark.rqlite)
+
+
+@pytest.fixture
+def three_workers() -> ThreeWorkers:
+    """`with three_workers(cluster, queue, handler, concurrency=N):` three Workers on threads,
+    each with a transport of its own to `cluster`, draining `queue` until the block ends
+    (then stopped and joined)."""
+
+    @contextmanager
+    def run(
+        cluster: Cluster, queue: str, handler: Callable[[Any], None], concurrency: int
+    ) -> Iterator[None]:
+        transports = [RqliteTransport(cluster.url, queue=queue) for _ in range(3)]
+        workers = [Worker(t, handler, concurrency=concurrency, visibility=30) for t in transports]
+        threads = [
+            threading.Thread(target=w.run, kwargs={"handle_signals": False}) for w in workers
+        ]
+        for thread in threads:
+            thread.start()
+        try:
+            yield
+        finally:
+            for worker in workers:
+                worker.stop()
+            for thread in threads:
+                thread.join(30)
+            for transport in transports:
+                transport.close()
+
+    return run

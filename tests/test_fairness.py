@@ -17,7 +17,6 @@ import pytest
 
 from rqlite_queue import RqliteTransport, SqliteTransport, Transport
 from rqlite_queue.testing import Cluster
-from rqlite_queue.worker import Worker
 
 WEIGHTS = {"A": 1, "B": 1, "C": 2, "D": 4}
 SMALL = 300
@@ -35,7 +34,7 @@ def flood() -> list[dict[str, Any]]:
 
 
 def test_three_workers_share_claims_between_tenants_by_weight(
-    rqlite_cluster3: Cluster,
+    rqlite_cluster3: Cluster, three_workers: Any
 ) -> None:
     queue = f"fair_{uuid.uuid4().hex[:8]}"
     handled: list[str] = []
@@ -54,27 +53,13 @@ def test_three_workers_share_claims_between_tenants_by_weight(
         for tenant, weight in WEIGHTS.items():
             q.set_tenant(tenant, weight=weight)
         q.publish_many(flood())
-        transports = [RqliteTransport(rqlite_cluster3.url, queue=queue) for _ in range(3)]
         # 3 slots: D's share (half) needs 1.5 of its 10 groups in flight. A Worker ties up to
         # twice its concurrency (leases being handled, and handled ones whose ack is in the
         # round under way), so even with slow rounds D keeps groups claimable: a tenant with
         # none is not backlogged and has no claim to a share then (at concurrency 2, a loaded
         # machine's slow rounds tied up all of D's 10 groups and D fell to a 0.36 share).
-        workers = [Worker(t, handler, concurrency=1, visibility=30) for t in transports]
-        threads = [
-            threading.Thread(target=w.run, kwargs={"handle_signals": False}) for w in workers
-        ]
-        for thread in threads:
-            thread.start()
-        try:
+        with three_workers(rqlite_cluster3, queue, handler, concurrency=1):
             assert one_ran_out.wait(120), f"no small tenant ran out: {done}"
-        finally:
-            for worker in workers:
-                worker.stop()
-            for thread in threads:
-                thread.join(30)
-            for transport in transports:
-                transport.close()
     with lock:
         log = list(handled)
     # While all had work: up to the first small tenant's last message, less the last rounds

@@ -9,45 +9,22 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
 
 from rqlite_queue import RqliteTransport
 from rqlite_queue.testing import Cluster
-from rqlite_queue.worker import Worker
 
 RATE = 50.0
 BURST = 5.0
-
-
-@contextmanager
-def three_workers(
-    cluster: Cluster, queue: str, handler: Callable[[Any], None], concurrency: int
-) -> Iterator[None]:
-    transports = [RqliteTransport(cluster.url, queue=queue) for _ in range(3)]
-    workers = [Worker(t, handler, concurrency=concurrency, visibility=30) for t in transports]
-    threads = [threading.Thread(target=w.run, kwargs={"handle_signals": False}) for w in workers]
-    for thread in threads:
-        thread.start()
-    try:
-        yield
-    finally:
-        for worker in workers:
-            worker.stop()
-        for thread in threads:
-            thread.join(30)
-        for transport in transports:
-            transport.close()
 
 
 @pytest.mark.parametrize(
     "seconds", [pytest.param(8.0, id="short"), pytest.param(30.0, id="30s", marks=pytest.mark.slow)]
 )
 def test_a_rate_limited_tenant_is_served_at_its_rate_across_three_workers(
-    rqlite_cluster3: Cluster, seconds: float
+    rqlite_cluster3: Cluster, three_workers: Any, seconds: float
 ) -> None:
     queue = f"rate_{uuid.uuid4().hex[:8]}"
     limited: list[float] = []
@@ -79,7 +56,9 @@ def test_a_rate_limited_tenant_is_served_at_its_rate_across_three_workers(
     assert len(other) > 2 * len(times), (len(other), len(times))
 
 
-def test_a_cap_of_three_is_never_exceeded_across_three_workers(rqlite_cluster3: Cluster) -> None:
+def test_a_cap_of_three_is_never_exceeded_across_three_workers(
+    rqlite_cluster3: Cluster, three_workers: Any
+) -> None:
     queue = f"cap_{uuid.uuid4().hex[:8]}"
     running = {"C": 0, "O": 0}
     most = {"C": 0, "O": 0}
