@@ -427,7 +427,8 @@ class StuckClaims:
 
     def _stuck(self, batch: Batch) -> bool:
         claims = any(
-            "INSERT OR IGNORE INTO" in s.sql and "_claims" in s.sql for s in batch.statements
+            s.sql.startswith("INSERT") and "claims (token, expires_at)" in s.sql
+            for s in batch.statements
         )
         if not claims:
             return False
