@@ -94,6 +94,20 @@ async def test_publish_many_folds_a_key_repeated_in_a_group(q: Any) -> None:
     assert await events(q, "g") == [4, "plain", "x"]
 
 
+async def test_publish_many_never_folds_a_debounce_key_into_a_dedup_id(q: Any) -> None:
+    # Found by the stateful model: keyed ("d", id) and (group, key), group "d"'s key "x"
+    # folded into dedup id "x" and the second message was lost.
+    seqs = await q.publish_many(
+        [
+            {"group_id": "d", "event": 1, "debounce": "x"},
+            {"group_id": "g", "event": 2, "dedup_id": "x"},
+        ]
+    )
+    assert seqs[0] != seqs[1]
+    assert await events(q, "d") == [1]
+    assert await events(q, "g") == [2]
+
+
 async def test_a_replacement_takes_the_new_ttl(q: Any, clock: FakeClock) -> None:
     await q.publish("g", 1, debounce="k", ttl=5)
     await q.publish("g", 2, debounce="k", ttl=50)

@@ -267,17 +267,18 @@ class QueueCore:
         # a debounce key repeated in a group: the first's place, the last's content.
         unique: list[sql.NewMessage] = []
         where: list[int] = []  # each message's index in `unique`
-        first: dict[tuple[str, str], int] = {}
+        first: dict[tuple[str, ...], int] = {}
         tenants: dict[str, str] = {}
         for index, m in enumerate(messages):
             if m.tenant is not None and tenants.setdefault(m.group_id, m.tenant) != m.tenant:
                 exc = TenantMismatch(f"group {show(m.group_id)} is given two tenants")
                 exc.index = index
                 raise exc
+            # Two key spaces: a debounce key never folds into an equal dedup id.
             key = (
-                ("d", m.dedup_id)
+                ("dedup", m.dedup_id)
                 if m.dedup_id is not None
-                else (m.group_id, m.debounce)
+                else ("debounce", m.group_id, m.debounce)
                 if m.debounce is not None
                 else None
             )
