@@ -115,6 +115,21 @@ async def test_the_floor_claim_keeps_to_the_limits(q: Any) -> None:
     assert len(leases) == allowed(q, names("a", 5), 1)
 
 
+async def test_a_tenant_out_of_allowance_never_crowds_the_others_out_of_a_floor_claim(
+    q: Any,
+) -> None:
+    # Its groups come first in the level's round-robin order; the claim passes them over.
+    await q.set_tenant("a", max_in_flight=0)
+    await q.publish_many(
+        [{"group_id": g, "event": 0, "priority": 4, "tenant": "a"} for g in names("a", 8)]
+    )
+    await q.publish_many(
+        [{"group_id": g, "event": 0, "priority": 4, "tenant": "b"} for g in names("b", 3)]
+    )
+    leases = await q.claim_many("w", 30, 3, min_priority=4)
+    assert sorted(lease.group_id for lease in leases) == names("b", 3)
+
+
 async def test_settings_left_out_are_kept(q: Any) -> None:
     await q.set_tenant("a", weight=3, rate=5, max_in_flight=4, max_queued=100)
     await q.set_tenant("a", max_group_queued=10)

@@ -1183,13 +1183,21 @@ def _claim(b: _Builder, n: Names, c: Claim, now: float, returning: bool) -> None
             f"WITH r(i, t, p{e}) AS NOT MATERIALIZED (SELECT rowid, turn, priority"
             f"{', tenant' if c.fair else ''} FROM {n.groups} WHERE ready = 1 AND held = 0) "
         )
+        # The floor wins over fair share, not over the tenants' limits: a level's groups of
+        # tenants with no allowance left are passed over (so they never crowd the others out
+        # of a level's `n`), and each tenant's groups past its allowance are left out.
+        allowed = (
+            f" AND coalesce((SELECT {_allowance(n, 'x')} FROM {n.tenants} x WHERE x.name = e), "
+            f"1) > 0"
+            if c.fair
+            else ""
+        )
         per_level = " UNION ALL ".join(
-            f"SELECT * FROM (SELECT i, t{e} FROM r WHERE p = {level} ORDER BY t, i LIMIT :n)"
+            f"SELECT * FROM (SELECT i, t{e} FROM r WHERE p = {level}{allowed} ORDER BY t, i "
+            f"LIMIT :n)"
             for level in range(MAX_PRIORITY, c.min_priority - 1, -1)
         )
         if c.fair:
-            # The floor wins over fair share, not over the tenants' limits: each tenant's
-            # groups past its allowance are left out.
             per_level = (
                 f"SELECT i, t FROM (SELECT i, t, row_number() OVER (PARTITION BY e ORDER BY t, "
                 f"i) k, (SELECT {_allowance(n, 'x')} FROM {n.tenants} x WHERE x.name = e) a "
