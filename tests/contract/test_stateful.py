@@ -14,19 +14,38 @@ message goes (ack or dead letter) keeps its place (turn and creation order) for 
 published again within it, it takes that place back; after it, it starts afresh: last in
 creation order, never claimed. Either way its priority is set by that publish.
 
+Tenants, limits, bounds and debounce (guarantees 22-26; not on the sharded machine): in two
+examples out of three, publishes name tenants (a group's own while it has no messages, now and
+then another: `TenantMismatch` for a group with messages of another tenant) and `set_tenant`
+sets weights, caps, rate limits and bounds (`math.inf` removes one). Once tenants are on, the
+model predicts each claim as the SQL makes it: stride scheduling within each tenant's allowance
+(its cap less its leases in flight, the whole tokens of its bucket), a tenant's virtual time
+lifted to the queue's when it gets a claimable group after having none (`Group.ready` follows
+the SQL's `ready` flag, which a lapse or a delayed head's due time sets only at the next claim,
+when the SQL's triggers lift), ties between tenants in the order their rows were made; a floor
+claim in round-robin order within the allowances. A publish that leaves a group, or a tenant of
+its groups, over its tenant's bound raises `QueueFull` (the model rolls back). A debounced
+publish replaces its group's pending message with that key (not the head a claim took): seq
+and place kept, event, ttl and due replaced, due never past the run's first publish plus its
+`max_wait`. (The model found two bugs, fixed: `publish_many` folded a debounce key into an
+equal dedup id, and a floor claim let a tenant with no allowance left crowd the others out of
+a level.) `tenants()` is checked by a rule (a read after every step costs too much time).
+
 Runs: a short one on SQLite by default (100 examples x 30 steps), a long one on SQLite marked
 slow (300 x 50), and a short one on the real one-node rqlite (20 x 25, a fresh queue per
-example)."""
+example); marked slow too, a long one of `FairShareMachine` (the calls that make tenants' claims
+compete, without schedules, priorities, pauses: 300 x 50)."""
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 import os
 import uuid
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +67,7 @@ from hypothesis.stateful import (
 
 from rqlite_queue import Lease, LeaseLost, RqliteTransport, SqliteTransport, Transport
 from rqlite_queue._protocol.sql import RETIRE_WINDOW
+from rqlite_queue.errors import QueueError, QueueFull, TenantMismatch
 from rqlite_queue.testing import Cluster
 
 from .conftest import FakeClock
@@ -55,11 +75,16 @@ from .conftest import FakeClock
 GROUPS = ("a", "b", "c", "d")
 DEDUP_IDS = ("d1", "d2", "d3")
 DEDUP_WINDOW = 50.0
+HOMES = {"a": "t1", "b": "t1", "c": "t2", "d": "t2"}
+"""Each group's own tenant (the default one, '', gets those published without one)."""
+HOME = "home"
+"""A publish naming its group's own tenant (HOMES) if the group has no messages, else none
+(it keeps its tenant; a publish naming a tenant costs the library more statements)."""
 
 groups = st.sampled_from(GROUPS)
 priorities = st.integers(0, 4)
 # Claims mostly take every priority; a floor now and then.
-floors = st.sampled_from([0, 0, 0, 1, 2, 3, 4])
+floors = st.sampled_from([0, 0, 0, 0, 0, 1, 2, 3, 4])
 # Mostly plain publishes; an id from a small pool now and then, so that some repeat.
 dedup_ids = st.sampled_from([None] * 8 + list(DEDUP_IDS))
 visibilities = st.sampled_from([3.0, 5.0, 10.0, 30.0])
@@ -70,6 +95,45 @@ delays_ = st.sampled_from([None, None, None, None, 2.5, 10.0])
 ttls = st.sampled_from([None, None, None, None, 3.0, 30.0])
 follow_ups = st.lists(st.tuples(groups, priorities, dedup_ids, delays_), max_size=2)
 """A settlement's follow-ups: (group, priority, dedup id, delay)."""
+# Tenants: mostly the group's own, now and then none or another one. Debounce keys: "d1" is
+# also a dedup id (the two never fold into one another). (Drawn together: fewer draws,
+# shorter runs.)
+DEBOUNCE_KEYS = [None, None, "k1", "k2", "d1"]
+debounce_keys = st.sampled_from(DEBOUNCE_KEYS)
+publish_options = st.sampled_from(
+    list(
+        itertools.product(
+            [HOME] * 8 + [None, None, "t1", "t2"], DEBOUNCE_KEYS, [None, None, 4.0, 20.0]
+        )
+    )
+)
+"""A publish's (tenant, debounce key, max_wait)."""
+batch_tenants = st.sampled_from([HOME] * 10 + ["t1", "t2"])
+item_options = st.sampled_from(list(itertools.product([True, False], DEBOUNCE_KEYS)))
+"""A `publish_many` item's (whether it names a tenant, debounce key)."""
+tenant_names = st.sampled_from(["", "t1", "t1", "t2", "t2"])
+TENANT_SETTINGS: list[dict[str, float]] = [
+    *({"weight": w} for w in (0.5, 2, 3)),
+    *({"max_in_flight": c} for c in (0, 0, 1, 1, 1, 2, math.inf)),
+    *({"rate": r} for r in (0.1, 0.1, 0.5, 2.0, math.inf)),
+    *({"rate": r, "burst": b} for r in (0.1, 0.5) for b in (2, 3)),
+    {"burst": 2},
+    *({"max_queued": q} for q in (3, 6, math.inf)),
+    *({"max_group_queued": q} for q in (1, 2, 3, math.inf)),
+    {"weight": 2, "max_in_flight": 1},
+    {"weight": 0.5, "rate": 0.5, "burst": 2},
+    {"weight": 3, "max_queued": 4, "max_group_queued": 2},
+    {
+        "weight": 1,
+        "rate": math.inf,
+        "max_in_flight": math.inf,
+        "max_queued": math.inf,
+        "max_group_queued": math.inf,
+    },
+]
+tenant_settings = st.sampled_from(TENANT_SETTINGS)
+"""`set_tenant`'s settings (never changed: shared by the examples); `math.inf` removes a
+limit."""
 
 
 # --------------------------------------------------------------------------------- model
@@ -84,6 +148,10 @@ class Message:
     """Not delivered before (0: at once)."""
     expires: float | None = None
     """Dead-lettered (reason `expired`) instead of delivered from then on."""
+    debounce: str | None = None
+    """A later publish with this key replaces it while it is pending (not taken by a claim)."""
+    due_by: float | None = None
+    """Its run's bound on `due` (the first publish of the run plus its max_wait)."""
 
 
 @dataclass
@@ -102,6 +170,41 @@ class Group:
     state: str = "free"
     """free, leased or parked; leased and parked last until `until`."""
     until: float = 0.0
+    tenant: str = ""
+    ready: bool = True
+    """The SQL's `ready` flag: set by the statement that last changed the group (a claim
+    clears it; a lapse, the end of a park or a delayed head's due time sets it again only at
+    the next claim). Claimable (for the tenants' counts) = ready and not held."""
+
+
+@dataclass
+class Tenant:
+    """A tenant's row: weight, limits (None: none), virtual time, token bucket."""
+
+    vt: float = 0.0
+    weight: float = 1.0
+    cap: int | None = None
+    rate: float | None = None
+    burst: float | None = None
+    tokens: float = 0.0
+    stamp: float = 0.0
+    max_queued: int | None = None
+    max_group_queued: int | None = None
+
+
+@dataclass(frozen=True)
+class Item:
+    """One message to publish, as the client checks it (due and expiry at `now`)."""
+
+    group_id: str
+    event: Any
+    priority: int = 0
+    dedup_id: str | None = None
+    due: float = 0.0
+    expires: float | None = None
+    tenant: str | None = None
+    debounce: str | None = None
+    due_by: float | None = None
 
 
 @dataclass(frozen=True)
@@ -121,11 +224,11 @@ class Model:
         self.groups: dict[str, Group] = {}
         self.dedup: dict[str, tuple[int, float]] = {}  # id -> (seq, expires_at)
         self.dead: list[tuple[int, str, Any, int, int]] = []
-        self._seq = itertools.count(1)
-        self._created = itertools.count()
-        self._turn = itertools.count(1)
-        # emptied group -> (turn, creation order, expires_at)
-        self.retired: dict[str, tuple[int, int, float]] = {}
+        self._seq = 0
+        self._created = 0
+        self._turn = 0
+        # emptied group -> (turn, creation order, expires_at, tenant)
+        self.retired: dict[str, tuple[int, int, float, str]] = {}
         self.held: set[str] = set()
         self.paused = False
         self.last_seq = 0
@@ -134,6 +237,15 @@ class Model:
         self.schedules: dict[str, list[Any]] = {}
         # (token, seq) -> (how it was settled, until when the record counts)
         self.settled: dict[tuple[str, int], tuple[str, float]] = {}
+        self.tenants_on = False
+        self.tenants: dict[str, Tenant] = {"": Tenant()}
+        """The tenants' rows, in the order they were made (ties in `vt` go by it)."""
+        self.vtime = 0.0
+        """The queue's virtual time: the latest due time served."""
+
+    def _next_created(self) -> int:
+        self._created += 1
+        return self._created
 
     # -------------------------------------------------------------------------- reading
 
@@ -160,7 +272,131 @@ class Model:
     def _record(self, lease: Lease, how: str) -> None:
         self.settled[(lease.token, lease.seq)] = (how, self.now + RETIRE_WINDOW)
 
+    # -------------------------------------------------------------------------- tenants
+
+    def claimable(self, group_id: str, g: Group) -> bool:
+        """Counted in its tenant's claimable groups (the SQL's `ready = 1 AND held = 0`)."""
+        return g.ready and group_id not in self.held
+
+    def _set_ready(self, group_id: str, g: Group, ready: bool) -> None:
+        was = self.claimable(group_id, g)
+        g.ready = ready
+        if not was and self.claimable(group_id, g):
+            self._gains(g.tenant)
+
+    def _gains(self, tenant: str) -> None:
+        """A group of `tenant` just became claimable (the SQL's trigger): a tenant that had
+        none starts at the queue's virtual time, if it was behind it (no banked credit)."""
+        if not self.tenants_on:
+            return
+        row = self.tenants.get(tenant)
+        if row is None:
+            self.tenants[tenant] = Tenant(vt=self.vtime)
+            return
+        ready = sum(self.claimable(gid, g) for gid, g in self.groups.items() if g.tenant == tenant)
+        if ready == 1 and row.vt < self.vtime:
+            note_event("an idle tenant is lifted to the queue's virtual time")
+            row.vt = self.vtime
+
+    def _leased(self, tenant: str) -> int:
+        """The tenant's leases in flight, as a claim counts them (after it freed lapsed
+        ones): `ready = 0 AND parked = 0`."""
+        return sum(
+            1
+            for g in self.groups.values()
+            if g.tenant == tenant and not g.ready and g.state == "leased"
+        )
+
+    def bucket(self, t: Tenant) -> float:
+        """The tokens of a rate-limited tenant's bucket now."""
+        assert t.rate is not None and t.burst is not None
+        return min(t.burst, t.tokens + max(0.0, self.now - t.stamp) * t.rate)
+
+    def allowance(self, tenant: str, n: int) -> int:
+        """How many groups a claim of `n` may give the tenant now."""
+        t = self.tenants[tenant]
+        allowed = n
+        if t.cap is not None:
+            allowed = min(allowed, t.cap - self._leased(tenant))
+        if t.rate is not None:
+            allowed = min(allowed, int(self.bucket(t) + 1e-9))
+        return allowed
+
+    def set_tenant(self, name: str, settings: dict[str, float]) -> None:
+        """As `set_tenant(name, **settings)` stores them: those given, `math.inf` as none; a
+        rate without a burst gets one second's worth (at least 1); a new rate or burst fills
+        the bucket."""
+        self.tenants_on = True
+        t = self.tenants.get(name)
+        if t is None:
+            t = self.tenants[name] = Tenant(vt=self.vtime)
+
+        def limit(value: float) -> Any:
+            return None if value == math.inf else value
+
+        if "weight" in settings:
+            t.weight = float(settings["weight"])
+        if "rate" in settings:
+            t.rate = limit(float(settings["rate"]))
+            if "burst" not in settings:
+                t.burst = None if t.rate is None else max(1.0, t.rate)
+        if "burst" in settings:
+            t.burst = float(settings["burst"])
+        if "rate" in settings or "burst" in settings:
+            t.tokens, t.stamp = t.burst or 0.0, self.now
+        if "max_in_flight" in settings:
+            t.cap = limit(settings["max_in_flight"])
+        if "max_queued" in settings:
+            t.max_queued = limit(settings["max_queued"])
+        if "max_group_queued" in settings:
+            t.max_group_queued = limit(settings["max_group_queued"])
+
+    def tenant_rows(self) -> list[tuple[Any, ...]]:
+        """What `tenants()` lists (less the tokens): name, weight, claimable groups, groups,
+        leases in flight, messages, rate, burst, cap, bounds; by name."""
+        rows = []
+        for name in sorted(self.tenants):
+            t = self.tenants[name]
+            mine = [(gid, g) for gid, g in self.groups.items() if g.tenant == name]
+            rows.append(
+                (
+                    name,
+                    t.weight,
+                    sum(self.claimable(gid, g) for gid, g in mine),
+                    len(mine),
+                    sum(1 for _, g in mine if g.state == "leased" and self.busy(g)),
+                    sum(len(g.messages) for _, g in mine),
+                    t.rate,
+                    t.burst,
+                    t.cap,
+                    t.max_queued,
+                    t.max_group_queued,
+                )
+            )
+        return rows
+
     # -------------------------------------------------------------------------- writing
+
+    def item(
+        self,
+        group_id: str,
+        event: Any,
+        priority: int = 0,
+        dedup_id: str | None = None,
+        delay: float | None = None,
+        ttl: float | None = None,
+        tenant: str | None = None,
+        debounce: str | None = None,
+        max_wait: float | None = None,
+    ) -> Item:
+        """A message to publish as the client checks it now."""
+        due = self.now + delay if delay else 0.0
+        due_by = None
+        if debounce is not None and max_wait is not None:
+            due_by = self.now + max_wait
+            due = min(due, due_by)
+        expires = self.now + ttl if ttl else None
+        return Item(group_id, event, priority, dedup_id, due, expires, tenant, debounce, due_by)
 
     def publish(
         self,
@@ -171,24 +407,139 @@ class Model:
         delay: float | None = None,
         ttl: float | None = None,
     ) -> int:
-        if dedup_id is not None:
+        """One message, as follow-ups and schedules publish them (never refused)."""
+        return self._put(self.item(group_id, event, priority, dedup_id, delay, ttl))
+
+    def publish_many(self, given: Sequence[Any]) -> list[int] | type[QueueError]:
+        """A `publish` or `publish_many` call: the seqs, or the error it raises (nothing
+        written). The client refuses two tenants for a group and folds repeats (a dedup id:
+        one message; a debounce key in a group: the first's place, the last's content);
+        the SQL refuses another tenant for a group with messages, then applies the items in
+        order, then refuses the call if a group or tenant of its groups holds more than its
+        tenant's bound."""
+        items = [self.item(**as_item(x)) for x in given]
+        named: dict[str, str] = {}
+        for it in items:
+            if it.tenant is not None and named.setdefault(it.group_id, it.tenant) != it.tenant:
+                return TenantMismatch
+        unique: list[Item] = []
+        where: list[int] = []
+        first: dict[tuple[str, ...], int] = {}
+        for it in items:
+            key: tuple[str, ...] | None = None
+            if it.dedup_id is not None:
+                key = ("dedup", it.dedup_id)
+            elif it.debounce is not None:
+                key = ("debounce", it.group_id, it.debounce)
+            if key is not None and key in first:
+                at = first[key]
+                if it.debounce is not None:
+                    run = unique[at]
+                    due = it.due if run.due_by is None else min(it.due, run.due_by)
+                    unique[at] = replace(
+                        run,
+                        event=it.event,
+                        due=due,
+                        expires=it.expires,
+                        tenant=it.tenant or run.tenant,
+                    )
+                    note_event("publish_many folds a debounce key repeated in a group")
+                where.append(at)
+                continue
+            if key is not None:
+                first[key] = len(unique)
+            where.append(len(unique))
+            unique.append(it)
+        for it in unique:
+            g = self.groups.get(it.group_id)
+            if it.tenant is not None and g is not None and g.tenant != it.tenant:
+                return TenantMismatch
+        bounded = any(
+            t.max_queued is not None or t.max_group_queued is not None
+            for t in self.tenants.values()
+        )
+        before = copy.deepcopy(self.__dict__) if bounded else None
+        if any(it.tenant is not None for it in unique):
+            self.tenants_on = True
+        seqs = [self._put(it) for it in unique]
+        if before is not None and self._over_bounds(unique):
+            self.__dict__.clear()
+            self.__dict__.update(before)
+            return QueueFull
+        return [seqs[at] for at in where]
+
+    def _over_bounds(self, items: list[Item]) -> bool:
+        """A group of the call, or a tenant of its groups (their rows' tenants, empty kept
+        rows included), holds more messages than its tenant's bound."""
+        rows: dict[str, str] = {}
+        for gid in dict.fromkeys(it.group_id for it in items):
+            if gid in self.groups:
+                rows[gid] = self.groups[gid].tenant
+            elif gid in self.retired and (self.retired[gid][2] >= self.now or gid in self.held):
+                rows[gid] = self.retired[gid][3]
+        for name in set(rows.values()):
+            t = self.tenants.get(name)
+            if t is None:
+                continue
+            mine = [gid for gid, tenant in rows.items() if tenant == name]
+            depth = {
+                gid: len(self.groups[gid].messages) if gid in self.groups else 0 for gid in mine
+            }
+            if t.max_group_queued is not None and max(depth.values()) > t.max_group_queued:
+                note_event("a publish goes over a group's bound")
+                return True
+            queued = sum(len(g.messages) for g in self.groups.values() if g.tenant == name)
+            if t.max_queued is not None and queued > t.max_queued:
+                note_event("a publish goes over a tenant's bound")
+                return True
+        return False
+
+    def _pending(self, g: Group, key: str) -> int | None:
+        """Where the group's message with this debounce key that no claim took is."""
+        for i, m in enumerate(g.messages):
+            if m.debounce == key and not (i == 0 and g.attempts):
+                return i
+        return None
+
+    def _put(self, item: Item) -> int:
+        group_id = item.group_id
+        if item.debounce is not None and group_id in self.groups:
+            g = self.groups[group_id]
+            at = self._pending(g, item.debounce)
+            if at is not None:
+                # Replaced in its place (seq, first publish time and run's bound kept).
+                old = g.messages[at]
+                due = item.due if old.due_by is None else min(item.due, old.due_by)
+                g.messages[at] = replace(old, event=item.event, due=due, expires=item.expires)
+                note_event("a debounced publish replaces a pending message")
+                if at == 0:
+                    self._set_ready(group_id, g, due <= self.now)
+                return old.seq
+        if item.dedup_id is not None:
             self.dedup = {d: v for d, v in self.dedup.items() if v[1] >= self.now}
-            if dedup_id in self.dedup:
+            if item.dedup_id in self.dedup:
                 note_event("a dedup id repeats within the window")
-                return self.dedup[dedup_id][0]
-        seq = self.last_seq = next(self._seq)
+                return self.dedup[item.dedup_id][0]
+        self._seq += 1
+        seq = self.last_seq = self._seq
         if group_id not in self.groups:
-            turn, created, expires_at = self.retired.get(group_id, (0, 0, 0.0))
+            turn, created, expires_at, _ = self.retired.get(group_id, (0, 0, 0.0, ""))
+            ready = item.due <= self.now
+            tenant = item.tenant or ""
             if expires_at >= self.now or group_id in self.held:
                 # Emptied lately: it takes its place in the round robin back.
-                self.groups[group_id] = Group(priority, created, turn=turn)
+                g = Group(item.priority, created, turn=turn, tenant=tenant, ready=ready)
             else:
-                self.groups[group_id] = Group(priority, next(self._created))
-        due = self.now + delay if delay else 0.0
-        expires = self.now + ttl if ttl else None
-        self.groups[group_id].messages.append(Message(seq, event, self.now, due, expires))
-        if dedup_id is not None:
-            self.dedup[dedup_id] = (seq, self.now + self.dedup_window)
+                g = Group(item.priority, self._next_created(), tenant=tenant, ready=ready)
+            self.groups[group_id] = g
+            if self.claimable(group_id, g):
+                self._gains(tenant)
+        message = Message(
+            seq, item.event, self.now, item.due, item.expires, item.debounce, item.due_by
+        )
+        self.groups[group_id].messages.append(message)
+        if item.dedup_id is not None:
+            self.dedup[item.dedup_id] = (seq, self.now + self.dedup_window)
         return seq
 
     def claim(self, n: int, min_priority: int, visibility: float) -> list[Predicted]:
@@ -225,17 +576,103 @@ class Model:
         return found
 
     def _claim_once(self, n: int, min_priority: int, visibility: float) -> list[Predicted]:
-        turn = next(self._turn)
-        eligible = self.eligible(min_priority)
+        self._turn += 1
+        turn = self._turn
+        # Lapsed leases, ended parks and delayed heads now due rejoin the claimable groups (in
+        # the order of their deadlines, then creation: the order their tenants' rows are made).
+        waiting = {
+            gid: g.until if g.state != "free" else g.messages[0].due
+            for gid, g in self.groups.items()
+            if not g.ready
+        }
+        for gid in sorted(waiting, key=lambda gid: (waiting[gid], self.groups[gid].created)):
+            if waiting[gid] <= self.now:
+                self._set_ready(gid, self.groups[gid], True)
+        if not self.tenants_on:
+            chosen = self.eligible(min_priority)[:n]
+        elif min_priority == 0:
+            chosen = self._fair(n)
+        else:
+            chosen = self._floor(n, min_priority)
         out = []
-        for gid, g in eligible[:n]:
+        for gid, g in chosen:
+            assert g.ready, "model: a claimable group is ready"
             g.turn = turn
             g.attempts += 1
             g.state, g.until = "leased", self.now + visibility
+            g.ready = False
             g.token = None  # set to the real token once the claim has returned
             head = g.messages[0]
             out.append(Predicted(gid, head.seq, head.event, g.attempts, g.until, head.expires))
+        if self.tenants_on and chosen:
+            self._served(Counter(g.tenant for _, g in chosen))
         return out
+
+    def _fair(self, n: int) -> list[tuple[str, Group]]:
+        """Stride scheduling: the `n` tenants with claimable groups, allowance left and the
+        least `vt` (ties: their rows' order); each one's k-th group (round robin) due at
+        vt + (k - 1) / weight, at most its allowance; the `n` due first (ties: round robin)."""
+        mine: dict[str, list[tuple[str, Group]]] = {}
+        for gid, g in self.eligible(0):
+            mine.setdefault(g.tenant, []).append((gid, g))
+        assert set(mine) <= set(self.tenants), "model: a tenant with claimable groups has a row"
+        allowed = {name: self.allowance(name, n) for name in self.tenants if name in mine}
+        if any(a <= 0 for a in allowed.values()):
+            note_event("a tenant with claimable groups has no allowance left")
+        candidates = [name for name in allowed if allowed[name] > 0]
+        candidates.sort(key=lambda name: self.tenants[name].vt)
+        due = []
+        for name in candidates[:n]:
+            t = self.tenants[name]
+            for k, (gid, g) in enumerate(mine[name][: allowed[name]]):
+                due.append((t.vt + k / t.weight, g.turn, g.created, gid))
+        due.sort()
+        if len(candidates) > 1:
+            note_event("a fair claim chooses between tenants")
+        return [(gid, self.groups[gid]) for *_, gid in due[:n]]
+
+    def _floor(self, n: int, min_priority: int) -> list[tuple[str, Group]]:
+        """Round robin over the groups at or above the floor: each level's first `n` of
+        tenants with allowance left (the SQL walks each level's index), each tenant's groups
+        past its allowance left out. (A tenant with some allowance left can still fill more of
+        a level's `n` than it may take: docs/fairness.md.)"""
+        eligible = self.eligible(min_priority)
+        allowed = {
+            name: self.allowance(name, n) if name in self.tenants else n
+            for name in {g.tenant for _, g in eligible}
+        }
+        rows = []
+        for level in range(4, min_priority - 1, -1):
+            at_level = [(gid, g) for gid, g in eligible if g.priority == level]
+            if any(allowed[g.tenant] <= 0 for _, g in at_level[:n]):
+                note_event("a floor claim passes over a tenant with no allowance left")
+            rows += [(gid, g) for gid, g in at_level if allowed[g.tenant] > 0][:n]
+        rows.sort(key=lambda item: (item[1].turn, item[1].created))
+        rank: Counter[str] = Counter()
+        chosen = []
+        for gid, g in rows:
+            rank[g.tenant] += 1
+            if rank[g.tenant] <= allowed[g.tenant]:
+                chosen.append((gid, g))
+            else:
+                note_event("a floor claim leaves out a tenant's groups past its allowance")
+        return chosen[:n]
+
+    def _served(self, taken: Counter[str]) -> None:
+        """Each tenant's `vt` moves on by what it was given, its bucket loses a token a group;
+        the queue's virtual time moves to the latest due time served."""
+        served = []
+        for name, count in taken.items():
+            t = self.tenants.get(name)
+            if t is None:
+                continue
+            if t.rate is not None:
+                t.tokens = self.bucket(t) - count
+            t.stamp = max(t.stamp, self.now)
+            t.vt = t.vt + count / t.weight
+            served.append(t)
+        if served:
+            self.vtime = max(self.vtime, max(t.vt - 1 / t.weight for t in served))
 
     def _dead_letter_head(self, group_id: str, seq: int, hold: bool = False) -> None:
         g = self.groups[group_id]
@@ -249,14 +686,17 @@ class Model:
         self._finish_head(lease.group_id, lease.seq)
 
     def _finish_head(self, group_id: str, seq: int) -> None:
-        """The held head goes; the group is free again, or forgotten if now empty."""
+        """The held head goes; the group is free again (waiting for its next head if that is
+        delayed), or forgotten if now empty."""
         g = self.groups[group_id]
         head = g.messages.popleft()
         assert head.seq == seq, "model: a holding lease is always on its group's head"
         g.attempts, g.token, g.state, g.until = 0, None, "free", 0.0
         if not g.messages:
-            self.retired[group_id] = (g.turn, g.created, self.now + RETIRE_WINDOW)
+            self.retired[group_id] = (g.turn, g.created, self.now + RETIRE_WINDOW, g.tenant)
             del self.groups[group_id]
+            return
+        self._set_ready(group_id, g, g.messages[0].due <= self.now)
 
     def ack(self, lease: Lease) -> bool:
         if not self.holds(lease):
@@ -274,10 +714,11 @@ class Model:
 
     def hold(self, group_id: str) -> None:
         if group_id not in self.groups and group_id not in self.held:
-            expires_at = self.retired.get(group_id, (0, 0, 0.0))[2]
+            expires_at = self.retired.get(group_id, (0, 0, 0.0, ""))[2]
             if expires_at < self.now:
-                # A group with no kept place gets one now: never claimed, last created.
-                self.retired[group_id] = (0, next(self._created), float("-inf"))
+                # A group with no kept place gets one now: never claimed, last created, in
+                # the default tenant.
+                self.retired[group_id] = (0, self._next_created(), float("-inf"), "")
         self.held.add(group_id)
 
     def cancel(self, group_id: str) -> int:
@@ -289,7 +730,7 @@ class Model:
         for i, message in enumerate(g.messages):
             attempts = g.attempts if i == 0 else 0
             self.dead.append((message.seq, group_id, message.event, g.priority, attempts))
-        self.retired[group_id] = (g.turn, g.created, self.now + RETIRE_WINDOW)
+        self.retired[group_id] = (g.turn, g.created, self.now + RETIRE_WINDOW, g.tenant)
         return len(g.messages)
 
     def set_priority(self, group_id: str, priority: int) -> bool:
@@ -347,6 +788,9 @@ class Model:
     def release(self, group_id: str) -> bool:
         held = group_id in self.held
         self.held.discard(group_id)
+        g = self.groups.get(group_id)
+        if held and g is not None and g.ready:
+            self._gains(g.tenant)
         return held
 
     def nack(self, lease: Lease, delay: float) -> bool:
@@ -355,6 +799,7 @@ class Model:
         g = self.groups[lease.group_id]
         g.token = None
         g.state, g.until = ("parked", self.now + delay) if delay > 0 else ("free", 0.0)
+        self._set_ready(lease.group_id, g, delay <= 0)
         self._record(lease, "nack")
         return True
 
@@ -363,6 +808,7 @@ class Model:
             return False
         g = self.groups[lease.group_id]
         g.state, g.until = "leased", self.now + visibility
+        g.ready = False
         return True
 
 
@@ -373,6 +819,13 @@ class QueueMachine(RuleBasedStateMachine):
     """Drives one transport and the model side by side. Subclasses say which transport."""
 
     leases = Bundle("leases")
+    tenants = True
+    """Tenants, limits, bounds and debounce in the calls (the sharded machine leaves them
+    out: its model is one model per shard). Then two examples out of three name tenants and
+    set them up (`naming`, drawn with the backlog); the others leave tenants off throughout."""
+    everything = True
+    """Every call (FairShareMachine leaves out those that do not make tenants compete, and
+    names tenants in every example)."""
 
     def open(self, clock: FakeClock) -> Transport:
         raise NotImplementedError
@@ -383,6 +836,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.q = self.open(self.clock)
         self.model = Model(self.clock.now, DEDUP_WINDOW)
         self.events = itertools.count()
+        self.naming = self.tenants
 
     def teardown(self) -> None:
         self.q.close()
@@ -402,7 +856,24 @@ class QueueMachine(RuleBasedStateMachine):
 
     # -------------------------------------------------------------------------- publish
 
-    @rule(group_id=groups, priority=priorities, dedup_id=dedup_ids, delay=delays_, ttl=ttls)
+    def expect_published(self, call: Callable[[], list[int]], items: list[Any]) -> None:
+        """Run a publish: it returns the seqs the model says, or raises its error."""
+        want = self.model.publish_many(items)
+        if isinstance(want, list):
+            assert call() == want
+            return
+        note_event(f"a publish raises {want.__name__}")
+        with pytest.raises(want):
+            call()
+
+    @rule(
+        group_id=groups,
+        priority=priorities,
+        dedup_id=dedup_ids,
+        delay=delays_,
+        ttl=ttls,
+        options=publish_options,
+    )
     def publish(
         self,
         group_id: str,
@@ -410,40 +881,90 @@ class QueueMachine(RuleBasedStateMachine):
         dedup_id: str | None,
         delay: float | None,
         ttl: float | None,
+        options: tuple[str | None, str | None, float | None],
     ) -> None:
-        event = next(self.events)
-        seq = self.q.publish(group_id, event, priority, dedup_id=dedup_id, delay=delay, ttl=ttl)
+        tenant, debounce, max_wait = options
+        item = {
+            "group_id": group_id,
+            "event": next(self.events),
+            "priority": priority,
+            "dedup_id": dedup_id,
+            "delay": delay,
+            "ttl": ttl,
+        }
+        if self.naming:
+            item["tenant"] = self.tenant_of(group_id) if tenant == HOME else tenant
+        if self.tenants and dedup_id is None and debounce is not None:
+            item.update(debounce=debounce, max_wait=max_wait)
         if delay:
             note_event("a delayed publish")
-        assert seq == self.model.publish(group_id, event, priority, dedup_id, delay, ttl)
+        self.expect_published(lambda: [self.q.publish(**item)], [item])
 
-    @initialize(items=st.lists(st.tuples(groups, priorities, dedup_ids), max_size=12))
-    def a_backlog(self, items: list[tuple[str, int, str | None]]) -> None:
+    publish_again = publish
+    """(Twice the weight: tenants, bounds and debounce come with publishes.)"""
+
+    def tenant_of(self, group_id: str) -> str | None:
+        """The tenant a publish names for the group (HOME)."""
+        return HOMES[group_id] if group_id not in self.model.groups else None
+
+    @initialize(
+        items=st.lists(st.tuples(groups, priorities, dedup_ids, debounce_keys), max_size=12),
+        naming=st.sampled_from([True, True, False]),
+        setup=st.lists(st.tuples(tenant_names, tenant_settings), max_size=3),
+    )
+    def a_backlog(
+        self,
+        items: list[tuple[str, int, str | None, str | None]],
+        naming: bool,
+        setup: list[tuple[str, dict[str, float]]],
+    ) -> None:
+        """A backlog; with `naming`, in the groups' own tenants, then tenants set up."""
+        self.naming = self.tenants and (naming or not self.everything)
         if items:
-            self.publish_many(items)
+            self.publish_many([(g, p, d, (True, k)) for g, p, d, k in items], HOME)
+        if self.naming:
+            for name, settings in setup:
+                self.set_tenant(name, settings)
 
-    @rule(items=st.lists(st.tuples(groups, priorities, dedup_ids), min_size=1, max_size=6))
-    def publish_many(self, items: list[tuple[str, int, str | None]]) -> None:
+    @rule(
+        items=st.lists(
+            st.tuples(groups, priorities, dedup_ids, item_options),
+            min_size=1,
+            max_size=6,
+        ),
+        tenant=batch_tenants,
+    )
+    def publish_many(
+        self, items: list[tuple[str, int, str | None, tuple[bool, str | None]]], tenant: str
+    ) -> None:
+        """Items (group, priority, dedup id, (whether it names a tenant, debounce key)): named
+        ones name their group's own tenant (HOME) or all the same one."""
         batch: list[Any] = []
-        for group_id, priority, dedup_id in items:
+        for group_id, priority, dedup_id, (named, debounce) in items:
             event = next(self.events)
-            if dedup_id is None and priority == 0:
+            item: dict[str, Any] = {"group_id": group_id, "event": event, "priority": priority}
+            if dedup_id is not None:
+                item["dedup_id"] = dedup_id
+            name = self.tenant_of(group_id) if tenant == HOME else tenant
+            if self.naming and named and name is not None:
+                item["tenant"] = name
+            if self.tenants and debounce is not None and dedup_id is None:
+                item["debounce"] = debounce
+            if len(item) > 3:
+                batch.append(item)
+            elif priority == 0:
                 batch.append((group_id, event))
-            elif dedup_id is None:
-                batch.append((group_id, event, priority))
             else:
-                batch.append(
-                    {
-                        "group_id": group_id,
-                        "event": event,
-                        "priority": priority,
-                        "dedup_id": dedup_id,
-                    }
-                )
-        seqs = self.q.publish_many(batch)
-        # The model publishes them one by one: same order, same `now`.
-        expected = [self.model.publish(*unpack(item)) for item in batch]
-        assert seqs == expected
+                batch.append((group_id, event, priority))
+        self.expect_published(lambda: self.q.publish_many(batch), batch)
+
+    @precondition(lambda self: self.naming)
+    @rule(name=tenant_names, settings=tenant_settings)
+    def set_tenant(self, name: str, settings: dict[str, float]) -> None:
+        self.q.set_tenant(name, **settings)
+        self.model.set_tenant(name, settings)
+
+    set_tenant_again = set_tenant
 
     # ---------------------------------------------------------------------------- claim
 
@@ -478,6 +999,9 @@ class QueueMachine(RuleBasedStateMachine):
     def claim_many(self, n: int, min_priority: int, visibility: float) -> MultipleResults[Lease]:
         leases = self.q.claim_many("w", visibility, n, min_priority)
         return self._claimed(leases, self.predict_claim(n, min_priority, visibility))
+
+    claim_many_again = claim_many
+    """(Twice the weight: the claims are where fair share and the limits show.)"""
 
     # ------------------------------------------------------------------ calls on a lease
 
@@ -629,6 +1153,7 @@ class QueueMachine(RuleBasedStateMachine):
             return multiple()
         return self._claimed(result.leases, predicted)
 
+    @precondition(lambda self: self.everything)
     @rule(
         name=st.sampled_from(["s1", "s2"]),
         group_id=groups,
@@ -645,10 +1170,12 @@ class QueueMachine(RuleBasedStateMachine):
         )
         assert made.next_at == self.model.schedule(name, group_id, event, priority, every, catch_up)
 
+    @precondition(lambda self: self.everything)
     @rule(name=st.sampled_from(["s1", "s2"]))
     def unschedule(self, name: str) -> None:
         assert self.q.unschedule(name) == self.model.unschedule(name)
 
+    @precondition(lambda self: self.everything)
     @rule()
     def fire_schedules(self) -> None:
         published = self.q.fire_schedules()
@@ -679,12 +1206,14 @@ class QueueMachine(RuleBasedStateMachine):
         got = [(d.seq, d.group_id, d.event, d.priority, d.attempts) for d in dead]
         assert self.in_listing_order(got) == sorted(self.model.dead)
 
+    @precondition(lambda self: self.everything)
     @rule(group_id=groups, priority=priorities)
     def set_priority(self, group_id: str, priority: int) -> None:
         assert self.q.set_priority(group_id, priority) == self.model.set_priority(
             group_id, priority
         )
 
+    @precondition(lambda self: self.everything)
     @rule(paused=st.booleans())
     def pause_or_resume(self, paused: bool) -> None:
         if paused:
@@ -722,7 +1251,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.clock.advance(seconds)
         self.model.now = self.clock.now
 
-    @precondition(lambda self: bool(self.model.groups))
+    @precondition(lambda self: self.everything and bool(self.model.groups))
     @rule(data=st.data())
     def peek(self, data: st.DataObject) -> None:
         group_id = data.draw(st.sampled_from(sorted(self.model.groups)))
@@ -763,19 +1292,51 @@ class QueueMachine(RuleBasedStateMachine):
             m.last_seq,
         )
         assert stats.by_priority == by_priority
+        if self.tenants:
+            assert stats.tenants_on == m.tenants_on
         oldest = min((m.published_at for g in live for m in g.messages), default=None)
         if oldest is None:
             assert stats.oldest_age is None
         else:
             assert stats.oldest_age == pytest.approx(m.now - oldest)
 
+    @precondition(lambda self: self.tenants and self.model.tenants_on)
+    @rule()
+    def tenants_listed(self) -> None:
+        """`tenants()` (a rule, not an invariant: a read per step costs too much time)."""
+        listed = self.q.tenants(limit=100)
+        got = [
+            (
+                t.name,
+                t.weight,
+                t.ready,
+                t.groups,
+                t.in_flight,
+                t.depth,
+                t.rate,
+                t.burst,
+                t.max_in_flight,
+                t.max_queued,
+                t.max_group_queued,
+            )
+            for t in listed
+        ]
+        assert got == self.model.tenant_rows()
+        for t in listed:
+            row = self.model.tenants[t.name]
+            if row.rate is None:
+                assert t.tokens is None
+            else:
+                assert t.tokens == pytest.approx(self.model.bucket(row))
 
-def unpack(item: Any) -> tuple[str, Any, int, str | None]:
+
+def as_item(item: Any) -> dict[str, Any]:
+    """A `publish_many` item as the keyword arguments of `Model.item`."""
     if isinstance(item, dict):
-        return item["group_id"], item["event"], item["priority"], item["dedup_id"]
+        return dict(item)
     if len(item) == 2:
-        return item[0], item[1], 0, None
-    return item[0], item[1], item[2], None
+        return {"group_id": item[0], "event": item[1]}
+    return {"group_id": item[0], "event": item[1], "priority": item[2]}
 
 
 def machine(open_transport: Callable[[FakeClock], Transport]) -> type[QueueMachine]:
@@ -784,6 +1345,27 @@ def machine(open_transport: Callable[[FakeClock], Transport]) -> type[QueueMachi
             return open_transport(clock)
 
     return Machine
+
+
+class FairShareMachine(QueueMachine):
+    """The calls that make tenants compete for claims (publishes, claims, settlements,
+    holds, cancels, time, `set_tenant`), tenants named in every example, and a worker's turns:
+    longer stretches of fair claims (idle tenants lifted, weights spacing a tenant's groups,
+    allowances) than the whole machine makes."""
+
+    everything = False
+
+    @rule(target=QueueMachine.leases, n=st.integers(1, 3), acks=st.integers(0, 3))
+    def work(self, n: int, acks: int) -> MultipleResults[Lease]:
+        """Claim up to `n` (no floor), then ack the first `acks` of them at once."""
+        leases = self.q.claim_many("w", 30.0, n)
+        self._claimed(leases, self.predict_claim(n, 0, 30.0))
+        for lease in leases[:acks]:
+            self.q.ack(lease)
+            assert self.model.ack(lease)
+        return multiple(*leases[acks:])
+
+    work_again = work
 
 
 def on_sqlite(tmp_path: Path) -> Callable[[FakeClock], Transport]:
@@ -816,6 +1398,17 @@ def test_the_contract_holds_on_sqlite(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_the_contract_holds_on_sqlite_long(tmp_path: Path) -> None:
     run(machine(on_sqlite(tmp_path)), examples=300, steps=50)
+
+
+@pytest.mark.slow
+def test_fair_share_holds_on_sqlite_long(tmp_path: Path) -> None:
+    open_transport = on_sqlite(tmp_path)
+
+    class Machine(FairShareMachine):
+        def open(self, clock: FakeClock) -> Transport:
+            return open_transport(clock)
+
+    run(Machine, examples=300, steps=50)
 
 
 def test_the_contract_holds_on_rqlite(rqlite_cluster: Cluster) -> None:

@@ -6,7 +6,12 @@ had; the machine records which shard each claim was sent to, and for how many, a
 each shard's leases are exactly what that shard's model predicts for those calls (round robin,
 fencing, priority floor within the shard), and that a claim that took fewer than asked for left
 nothing claimable on any shard. Dedup ids are scoped to their group on a sharded queue: the
-models get (group, id) as the id."""
+models get (group, id) as the id. A settlement's follow-ups to the other shard's groups reach
+it when the router forwards the outboxes: once a round's first wave (its settlements, and the
+claim of the first shard in its rotation) is done, before it asks the other shard for what the
+first lacked; else at the end of the call. Tenants, limits, bounds and debounce are left out here
+(`QueueMachine.tenants`): tests/contract/test_tenants.py, test_limits.py and test_debounce.py
+check them on two shards."""
 
 from __future__ import annotations
 
@@ -32,6 +37,7 @@ from .test_stateful import (
     Model,
     Predicted,
     QueueMachine,
+    as_item,
     run,
 )
 
@@ -110,6 +116,19 @@ class ShardedModel:
         scoped = None if dedup_id is None else f"{group_id}\0{dedup_id}"
         return self.of(group_id).publish(group_id, event, priority, scoped, delay, ttl)
 
+    def publish_many(self, items: list[Any]) -> list[int]:
+        """One by one (the machine names no tenants and debounces nothing here)."""
+        seqs = []
+        for item in map(as_item, items):
+            group_id, event = item["group_id"], item["event"]
+            priority, dedup_id = item.get("priority", 0), item.get("dedup_id")
+            seqs.append(
+                self.publish(
+                    group_id, event, priority, dedup_id, item.get("delay"), item.get("ttl")
+                )
+            )
+        return seqs
+
     def holds(self, lease: Lease) -> bool:
         return self.of(lease.group_id).holds(lease)
 
@@ -155,17 +174,24 @@ class ShardedModel:
 
 
 class ShardedMachine(QueueMachine):
+    tenants = False
+
     def open(self, clock: FakeClock) -> Any:
         raise NotImplementedError
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, int]] = []
+        self.outboxed: list[Any] = []
+        """Follow-ups written to an outbox and not yet forwarded (in the model)."""
         super().__init__()
         self.model = ShardedModel(self.clock.now, DEDUP_WINDOW)  # type: ignore[assignment]
         assert isinstance(self.q, ShardedTransport)
         for name in SHARDS:  # record each round sent to a shard: (shard, n)
             backend = self.q.router.backend(name)
             backend.round = self._recorder(name, backend.round)
+        # ... and when the outboxes a round wrote to are forwarded: ("", 0)
+        outbox = self.q.router.outbox
+        outbox.forward_soon = self._forwarder(outbox.forward_soon)  # type: ignore[method-assign]
 
     def _recorder(self, name: str, call: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(call)
@@ -175,16 +201,41 @@ class ShardedMachine(QueueMachine):
 
         return recorded
 
+    def _forwarder(self, call: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(call)
+        def recorded(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append(("", 0))
+            return call(*args, **kwargs)
+
+        return recorded
+
     def publish_follow_ups(self, lease: Lease, items: list[Any], *, before: bool) -> None:
         """Those of the lease's shard in its transaction (`before`); those of groups of the
-        other shard go through its outbox and are forwarded at the end of the call."""
+        other shard go through its outbox, forwarded once the rounds of the first wave are
+        done (before a sharded round asks other shards for what the first lacked), or at the
+        end of the call (`before=False`)."""
         model: ShardedModel = self.model  # type: ignore[assignment]
         here = self.q.shard_list.shard_of_lease(lease)
-        for item in items:
-            if (self.q.shard_of(item["group_id"]) == here) != before:
+        for item in items if before else []:
+            if self.q.shard_of(item["group_id"]) != here:
+                self.outboxed.append(item)
                 continue
-            if not before:
-                note_event("a follow-up goes through the outbox to the other shard")
+            model.publish(
+                item["group_id"],
+                item["event"],
+                item["priority"],
+                item.get("dedup_id"),
+                item.get("delay"),
+            )
+        if not before:
+            self.forward()
+
+    def forward(self) -> None:
+        """The follow-ups waiting in the outboxes reach their shards (in the model)."""
+        model: ShardedModel = self.model  # type: ignore[assignment]
+        forwarded, self.outboxed = self.outboxed, []
+        for item in forwarded:
+            note_event("a follow-up goes through the outbox to the other shard")
             model.publish(
                 item["group_id"],
                 item["event"],
@@ -197,10 +248,22 @@ class ShardedMachine(QueueMachine):
         calls, self.calls = self.calls, []
         model: ShardedModel = self.model  # type: ignore[assignment]
         predicted: list[Predicted] = []
+        short: set[str] = set()  # the shards that had fewer than asked for
         for name, k in calls:
-            predicted += model.shards[name].claim(k, min_priority, visibility)
-        if len(predicted) < n:  # took fewer than asked: nothing claimable was left anywhere
-            for shard_model in model.shards.values():
+            if not name:
+                self.forward()
+                continue
+            taken = model.shards[name].claim(k, min_priority, visibility)
+            if len(taken) < k:
+                short.add(name)
+            predicted += taken
+        if len(predicted) < n:
+            # Took fewer than asked: nothing claimable was left on any shard, but on one that
+            # came up short before its outbox's follow-ups were forwarded (not asked again).
+            for name, shard_model in model.shards.items():
+                if name in short and shard_model.eligible(min_priority):
+                    note_event("follow-ups forwarded to a shard after it came up short")
+                    continue
                 assert shard_model.eligible(min_priority) == []
         return predicted
 
