@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import click
 from rich.table import Table
 
+from .. import Transport
 from ..timefmt import duration, utc
 from ..types import DeadLetter
 from ._base import (
@@ -171,7 +172,10 @@ def dlq() -> None:
 
 
 def _dead_table(letters: Sequence[DeadLetter]) -> Table:
+    sharded = any(letter.shard for letter in letters)
     table = Table()
+    if sharded:  # seqs are per shard: `dlq requeue SEQ --shard NAME`
+        table.add_column("shard")
     table.add_column("seq", justify="right")
     table.add_column("group", overflow="fold")
     table.add_column("prio", justify="right")
@@ -181,6 +185,7 @@ def _dead_table(letters: Sequence[DeadLetter]) -> Table:
     table.add_column("event", overflow="fold")
     for letter in letters:
         table.add_row(
+            *([letter.shard] if sharded else []),
             str(letter.seq),
             letter.group_id,
             str(letter.priority),
@@ -216,29 +221,52 @@ def dlq_list(config: Config, limit: int, group_id: str | None, as_json: bool) ->
     return 0
 
 
+_SHARD = click.option(
+    "--shard",
+    metavar="NAME",
+    help="On a sharded queue, the shard of the SEQs (seqs are per shard: 'dlq list' shows it).",
+)
+
+
+def _check_shard(queue: Transport, seqs: tuple[int, ...], shard: str | None) -> None:
+    """Seqs of a sharded queue need their shard (the library says `shard=`; say `--shard`)."""
+    names: list[str] = getattr(queue, "names", [""])
+    if seqs and shard is None and len(names) > 1:
+        raise click.UsageError(
+            f"seqs are per shard: give --shard NAME (one of {', '.join(names)}; "
+            "'dlq list' shows each dead letter's shard)"
+        )
+
+
 @dlq.command()
 @click.argument("seqs", nargs=-1, type=int, metavar="[SEQ...]")
+@_SHARD
 @click.pass_obj
-def requeue(config: Config, seqs: tuple[int, ...]) -> int:
+def requeue(config: Config, seqs: tuple[int, ...], shard: str | None) -> int:
     """Put dead letters (all, or those SEQs) back at the tail of their groups."""
     with config.transport() as queue:
-        count = queue.requeue_dead(list(seqs) if seqs else None)
+        _check_shard(queue, seqs, shard)
+        count = queue.requeue_dead(list(seqs) if seqs else None, shard=shard)
     click.echo(f"requeued {count} dead letters")
     return 0
 
 
 @dlq.command()
 @click.argument("seqs", nargs=-1, type=int, metavar="[SEQ...]")
+@_SHARD
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @click.pass_obj
-def purge(config: Config, seqs: tuple[int, ...], yes: bool) -> int:
+def purge(config: Config, seqs: tuple[int, ...], shard: str | None, yes: bool) -> int:
     """Delete dead letters (all, or those SEQs) for good."""
     what = f"dead letters {', '.join(map(str, seqs))}" if seqs else "ALL dead letters"
+    if shard is not None:
+        what += f" of shard {shard!r}"
     if not yes:
         if not sys.stdin.isatty():
             raise click.UsageError("purge deletes for good: pass --yes to confirm")
         click.confirm(f"Delete {what} of queue {config.queue!r} for good?", abort=True)
     with config.transport() as queue:
-        count = queue.purge_dead(list(seqs) if seqs else None)
+        _check_shard(queue, seqs, shard)
+        count = queue.purge_dead(list(seqs) if seqs else None, shard=shard)
     click.echo(f"purged {count} dead letters")
     return 0

@@ -304,6 +304,11 @@ class _Dashboard:
             except ValueError:
                 raise InvalidArgument("seq must be whole numbers") from None
 
+        def shard(form: FormData) -> str | None:
+            """A dead letter's shard (a sharded queue's seqs are per shard)."""
+            name = form.get("shard")
+            return str(name) if name else None
+
         def tenant(form: FormData) -> str:
             name = form.get("tenant")
             if name is None:
@@ -317,8 +322,8 @@ class _Dashboard:
             "priority": lambda f: q.set_priority(
                 group(f), _int(f.get("priority"), -1, 0, MAX_PRIORITY, strict=True)
             ),
-            "requeue": lambda f: q.requeue_dead(_required(seqs(f))),
-            "purge": lambda f: q.purge_dead(_required(seqs(f))),
+            "requeue": lambda f: q.requeue_dead(_required(seqs(f)), shard=shard(f)),
+            "purge": lambda f: q.purge_dead(_required(seqs(f)), shard=shard(f)),
             "requeue_all": lambda f: q.requeue_dead(None),
             "purge_all": lambda f: q.purge_dead(None),
             "pause": lambda f: q.pause(),
