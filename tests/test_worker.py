@@ -216,8 +216,9 @@ def test_priority_share_serves_high_priority_groups_first(tmp_path: Path) -> Non
     q = Transport.from_url(f"sqlite:///{tmp_path}/q.db")
     q.publish_many([(f"low{i}", i, 0) for i in range(20)] + [(f"high{i}", i, 4) for i in range(5)])
     order: list[str] = []
+    # (No prefetch: a round then claims one message, and shares are by round.)
     worker = Worker(q, lambda lease: order.append(lease.group_id), concurrency=1,
-                    priority_share=0.5, priority_floor=4)  # fmt: skip
+                    priority_share=0.5, priority_floor=4, prefetch=0)  # fmt: skip
     run_sync(worker, lambda: len(order) == 25)
     # Every other claim takes a high-priority group while there is one.
     assert [g.startswith("high") for g in order[:10]] == [True, False] * 5
@@ -683,4 +684,93 @@ def test_a_chain_of_follow_ups_costs_one_raft_entry_per_hop(
     assert seen == list(range(40))
     # 40 rounds that each ack a hop, publish the next and claim it; the first claims only.
     assert raft_index(rqlite_cluster3) - before <= 41
+    q.close()
+
+
+# ------------------------------------------------------------------------------ prefetch
+
+
+def test_quick_handlers_prefetch_and_a_round_carries_more_than_the_slots(tmp_path: Path) -> None:
+    """Handlers much quicker than a round trip: rounds claim ahead of the free slots, so the
+    same drain takes fewer rounds than without prefetch; each message is handled once."""
+    rounds = {}
+    for prefetch in (0, None):
+        q = Transport.from_url(f"sqlite:///{tmp_path}/q{prefetch}.db")
+        q.publish_many([(f"g{i}", i) for i in range(400)])
+        seen: list[int] = []
+        worker = Worker(q, lambda lease, seen=seen: seen.append(lease.event), concurrency=2,
+                        prefetch=prefetch)  # fmt: skip
+        worker.run(handle_signals=False, until_empty=True)
+        assert sorted(seen) == list(range(400))
+        rounds[prefetch] = worker.stats.rounds
+        q.close()
+    assert rounds[0] >= 200  # two slots: at most two messages a round
+    assert rounds[None] < rounds[0] * 0.75
+
+
+def test_a_prefetched_message_waits_at_most_a_third_of_the_visibility(tmp_path: Path) -> None:
+    """A prefetched message whose handler cannot start (the one slot is taken by a slow
+    handler) is given back after a third of the visibility: another worker gets it then,
+    and the slow handler stops the prefetch (nothing claimed ahead while it runs)."""
+    path = f"sqlite:///{tmp_path}/q.db"
+    q = Transport.from_url(path)
+    q.publish_many([("quick", 0), ("slow", 1), ("next", 2)])
+    seen: list[str] = []
+
+    def handle(lease: Lease) -> None:
+        seen.append(lease.group_id)
+        if lease.group_id == "slow":
+            time.sleep(2.5)
+
+    taken: list[Lease] = []
+
+    def thief() -> None:
+        while "slow" not in seen:
+            time.sleep(0.01)
+        time.sleep(1.0)  # the worker's visibility is 1.5: "next" given back after 0.5 s
+        with Transport.from_url(path) as other:
+            taken.extend(other.claim_many("thief", 30, 3))
+
+    # Quick first: the worker learns its handlers are quick, and claims ahead.
+    worker = Worker(q, handle, concurrency=1, visibility=1.5, prefetch=1, batch_wait=0)
+    stealing = threading.Thread(target=thief)
+    stealing.start()
+    run_sync(worker, lambda: not stealing.is_alive() and len(seen) >= 2, timeout=15)
+    stealing.join()
+    assert seen[:2] == ["quick", "slow"]
+    assert [lease.group_id for lease in taken] == ["next"]
+    assert taken[0].attempts == 2  # its prefetch counted
+    assert "next" not in seen and worker.stats.nacked == 1
+    q.close()
+
+
+def test_stop_gives_prefetched_messages_back_at_once(tmp_path: Path) -> None:
+    """Stopping: a message claimed ahead whose handler has not started is given back at once,
+    not after the grace period; the running handler finishes within it."""
+    path = f"sqlite:///{tmp_path}/q.db"
+    q = Transport.from_url(path)
+    q.publish_many([("quick", 0), ("slow", 1), ("next", 2)])
+    seen: list[str] = []
+    release = threading.Event()
+
+    def handle(lease: Lease) -> None:
+        seen.append(lease.group_id)
+        if lease.group_id == "slow":
+            release.wait(5)
+
+    worker = Worker(q, handle, concurrency=1, visibility=30, prefetch=1, batch_wait=0, grace=5)
+    thread = threading.Thread(target=worker.run, kwargs={"handle_signals": False})
+    thread.start()
+    deadline = time.monotonic() + 10
+    while "slow" not in seen and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)
+    worker.stop()
+    time.sleep(0.3)
+    with Transport.from_url(path) as other:
+        taken = other.claim_many("other", 30, 3)
+    release.set()
+    thread.join(10)
+    assert [lease.group_id for lease in taken] == ["next"]
+    assert seen == ["quick", "slow"]
     q.close()

@@ -21,11 +21,31 @@ _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 T = TypeVar("T")
 
 Same = Annotated[T, "what Awaitable[T] becomes in the generated sync code: T itself"]
-__all__ = ["AsyncFanOut", "AsyncRuntime", "Awaitable", "FanOut", "Same", "SyncRuntime"]
+__all__ = [
+    "SKIPPED",
+    "AsyncFanOut",
+    "AsyncRuntime",
+    "Awaitable",
+    "FanOut",
+    "Same",
+    "SyncRuntime",
+]
 
 Done = Callable[[Any, BaseException | None, Any], None]
 """Called with (key, the handler's exception or None, what it returned) when a handler
 finishes."""
+Admit = Callable[[Any, Any], bool]
+"""Called with (key, lease) when a slot is free and the handler is about to run: False skips it
+(its message was given back while it waited), and `done` then gets SKIPPED."""
+
+
+class _Skipped:
+    def __repr__(self) -> str:
+        return "SKIPPED"
+
+
+SKIPPED: Any = _Skipped()
+"""What `done` gets for a handler that `admit` skipped."""
 
 
 def is_async_handler(handler: Callable[..., Any]) -> bool:
@@ -100,6 +120,8 @@ class AsyncRuntime:
         self._installed: list[signal.Signals] = []
         self._loop = asyncio.get_running_loop()
         self._pool = DaemonPool(concurrency)
+        self._slots = asyncio.Semaphore(concurrency)
+        """Coroutine handlers running at once (sync ones: the pool's threads)."""
         self._done = asyncio.Event()
         self._kept: asyncio.Task[None] | None = None
 
@@ -125,25 +147,47 @@ class AsyncRuntime:
         key: Any,
         done: Done,
         finish: Callable[[Any], Any] | None = None,
+        admit: Admit | None = None,
     ) -> None:
-        """Run `handler(lease)`: a coroutine function as a task, a sync one on a reused thread,
-        off the event loop. `finish`, if given, turns what it returned into what `done` gets,
-        where the handler ran (its thread, or its task). `done` is called on the loop when it
-        finishes."""
+        """Run `handler(lease)` once one of the `concurrency` slots is free (those started
+        beyond them wait, in order): a coroutine function as a task, a sync one on a reused
+        thread, off the event loop. `admit`, if given, is asked first (see `Admit`). `finish`,
+        if given, turns what it returned into what `done` gets, where the handler ran (its
+        thread, or its task). `done` is called on the loop when it finishes."""
         future: asyncio.Future[Any]
         if is_async_handler(handler):
-            call = handler(lease) if finish is None else _then(handler(lease), finish)
-            future = self._loop.create_task(call)
+            future = self._loop.create_task(self._in_slot(handler, lease, key, finish, admit))
         else:
-            future = self._loop.create_task(self._in_thread(handler, lease, finish))
+            future = self._loop.create_task(self._in_thread(handler, lease, key, finish, admit))
         self._tasks.add(future)
         future.add_done_callback(self._tasks.discard)
         future.add_done_callback(_report(key, done))  # type: ignore[arg-type]
 
+    async def _in_slot(
+        self,
+        handler: Callable[..., Any],
+        lease: Any,
+        key: Any,
+        finish: Callable[[Any], Any] | None,
+        admit: Admit | None,
+    ) -> Any:
+        async with self._slots:
+            if admit is not None and not admit(key, lease):
+                return SKIPPED
+            result = await handler(lease)
+            return result if finish is None else finish(result)
+
     async def _in_thread(
-        self, handler: Callable[..., Any], lease: Any, finish: Callable[[Any], Any] | None
+        self,
+        handler: Callable[..., Any],
+        lease: Any,
+        key: Any,
+        finish: Callable[[Any], Any] | None,
+        admit: Admit | None,
     ) -> Any:
         def call() -> Any:
+            if admit is not None and not admit(key, lease):
+                return SKIPPED
             result = handler(lease)
             if finish is None or inspect.isawaitable(result):
                 return result
@@ -219,8 +263,13 @@ class SyncRuntime:
         key: Any,
         done: Done,
         finish: Callable[[Any], Any] | None = None,
+        admit: Admit | None = None,
     ) -> None:
+        """As `AsyncRuntime.start`, on the pool's threads (jobs beyond them wait in order)."""
+
         def run() -> Any:
+            if admit is not None and not admit(key, lease):
+                return SKIPPED
             result = handler(lease)
             if inspect.isawaitable(result):
                 close = getattr(result, "close", None)

@@ -22,7 +22,7 @@ from .._protocol.checks import check_bool, check_int, check_seconds
 from .._protocol.params import MAX_PUBLISH
 from .._protocol.retry import ROUND_ERRORS, Backoff
 from .._protocol.worker_policy import FailurePolicy, PriorityShare, Verdict, heartbeat_due
-from .._runtime import SyncRuntime
+from .._runtime import SKIPPED, SyncRuntime
 from ..errors import (
     AuthError,
     InvalidArgument,
@@ -47,6 +47,8 @@ WAIT_LOG_EVERY = 5.0
 SCHEDULE_CHECK = 1.0
 """A busy worker looks for due schedules this often (an idle one learns the next tick from
 its polls)."""
+EWMA = 0.2
+"""The weight of the latest measure in the running means of handler and round-trip times."""
 
 
 @dataclass
@@ -157,6 +159,14 @@ class Worker:
     - Idle (the last claim found nothing and nothing is left to settle), it asks the node it
       talks to, every `poll_interval` seconds, whether anything is claimable: a read, no
       write. A new message is picked up within about `poll_interval`.
+    - Prefetch: a round claims ahead of the free slots as many messages as the handlers are
+      expected to finish during one round trip (`concurrency` x round trip / handler time,
+      running means), at most `prefetch` (default: `concurrency`; 0: never ahead). They wait
+      in order and start as soon as a slot frees, while the next round trip is in flight, so
+      that a round carries more than `concurrency` messages when handlers are quick. Slow
+      handlers claim nothing ahead. A prefetched message whose handler has not started within
+      a third of `visibility` (or when the worker stops) is given back at once (nack without
+      delay: its group is claimable again, its attempt counted).
     - A handler running longer than a third of `visibility` has its lease extended (in the
       next round trip, or one of its own).
     - A handler that raises: the message is retried after `backoff` (its group parked, order
@@ -199,6 +209,7 @@ class Worker:
         schedules: bool = True,
         batch_wait: float = 0.002,
         follow_ups: bool = False,
+        prefetch: int | None = None,
     ) -> None:
         SyncRuntime.check_handler(handler)
         check_int(concurrency, "concurrency", 1, 10_000)
@@ -212,6 +223,8 @@ class Worker:
         check_bool(hold_group_on_dead_letter, "hold_group_on_dead_letter")
         check_bool(schedules, "schedules")
         check_bool(follow_ups, "follow_ups")
+        if prefetch is not None:
+            check_int(prefetch, "prefetch", 0, 10_000)
         if not isinstance(non_retryable, Sequence) or not all(
             isinstance(t, type) and issubclass(t, BaseException) for t in non_retryable
         ):
@@ -228,7 +241,17 @@ class Worker:
         self.grace = float(grace)
         self.heartbeat_interval = heartbeat_interval or max(0.05, visibility / 6)
         self.stats = WorkerStats()
+        self.prefetch = concurrency if prefetch is None else prefetch
         self._running: dict[tuple[str, int], Lease] = {}
+        """Every lease this worker holds for a handler: running, or waiting for a slot."""
+        self._waiting: dict[int, tuple[tuple[str, int], float]] = {}
+        """The leases in `_running` whose handler has not started, by `id(lease)` (a lease
+        given back and claimed again is another lease): key, when claimed (monotonic). Popped
+        by whoever comes first: the handler starting, or a give-back."""
+        self._began: dict[tuple[str, int], float] = {}
+        self._handler_seconds: float | None = None
+        self._round_seconds: float | None = None
+        """Running means (EWMA) of a handler's time and of a round trip's."""
         self._finished: collections.deque[tuple[tuple[str, int], BaseException | None, Any]] = (
             collections.deque()
         )
@@ -322,14 +345,17 @@ class Worker:
                 continue
             if self.schedules and not self._stopping:
                 self._fire_schedules()
+            self._give_back_waiting(self._stopping)
             extend = self._due_heartbeats()
-            free = 0 if self._stopping else self.concurrency - len(self._running)
+            # Free slots; a round claims ahead of them, but never runs only to claim ahead.
+            slots = 0 if self._stopping else self.concurrency - len(self._running)
+            free = 0 if self._stopping else max(0, slots + self._ahead())
             retry_due = bool(self._retry) and now >= self._retry_at
             if not self._pending and not extend and not retry_due:
                 if self._stopping and not self._running and not self._retry:
                     return
-                if free == 0 or (idle and not self._worth_claiming(runtime)):
-                    runtime.wait(self._next_wake(give_up_at, idle and free > 0))
+                if slots <= 0 or (idle and not self._worth_claiming(runtime)):
+                    runtime.wait(self._next_wake(give_up_at, idle and slots > 0))
                     continue
             if self._pending and self._running and not self._stopping:
                 # Handlers still running may finish in a moment: wait a little for them, so
@@ -376,18 +402,22 @@ class Worker:
                 self._settling = []
             self._round_failures = 0
             self.stats.rounds += 1
+            took = time.monotonic() - started
+            self._round_seconds = _mean(self._round_seconds, took)
             if free:
-                self.stats.record_claim(time.monotonic() - started)
+                self.stats.record_claim(took)
             self._settled(pending, result, extend)
             floor_again = floor > 0 and len(result.leases) < free
             idle = free > 0 and not result.leases and not floor_again and not result.forwarded
             settling = self._pending or self._retry
             if until_empty and idle and not self._running and not settling:
                 return
+            claimed_at = time.monotonic()
             for lease in result.leases:
                 key = (lease.group_id, lease.seq)
                 self._running[key] = lease
-                runtime.start(self.handler, lease, key, self._on_done, self._finish)
+                self._waiting[id(lease)] = (key, claimed_at)
+                runtime.start(self.handler, lease, key, self._on_done, self._finish, self._admit)
 
     def _keep_leases(self, runtime: SyncRuntime) -> None:
         """Beside the loop: while a round trip is stuck (on a frozen or cut-off node, until
@@ -474,11 +504,58 @@ class Worker:
 
     # ---------------------------------------------------------------------------- handlers
 
+    def _admit(self, key: tuple[str, int], lease: Lease) -> bool:
+        """A slot is free for this lease's handler (on its thread, or the event loop): run it
+        unless it was given back while it waited."""
+        if self._waiting.pop(id(lease), None) is None:
+            return False
+        self._began[key] = time.monotonic()
+        return True
+
     def _on_done(self, key: tuple[str, int], exc: BaseException | None, result: Any) -> None:
         # On a handler's thread (Worker) or the event loop (AsyncWorker).
+        if result is SKIPPED:
+            return  # given back before it started (the key may be claimed again since)
+        began = self._began.pop(key, None)
+        if began is not None:
+            self._handler_seconds = _mean(self._handler_seconds, time.monotonic() - began)
         self._finished.append((key, exc, result))
         if self._runtime is not None:
             self._runtime.wake()
+
+    def _ahead(self) -> int:
+        """How many messages to claim ahead of the free slots: those the handlers are
+        expected to finish during one round trip, at most `prefetch`. A handler running
+        longer than the mean counts at its age so far: a slow one stops the prefetch at once."""
+        if not self.prefetch or self._handler_seconds is None or self._round_seconds is None:
+            return 0
+        seconds = self._handler_seconds
+        began = list(self._began.values())  # (a copy: handlers' threads change it)
+        if began:
+            seconds = max(seconds, time.monotonic() - min(began))
+        expected = self.concurrency * self._round_seconds / max(seconds, 1e-6)
+        return min(self.prefetch, int(expected))
+
+    def _give_back_waiting(self, everything: bool) -> None:
+        """Give back the prefetched leases whose handler has not started within a third of
+        `visibility` (all of them, when stopping): their groups are claimable again at once."""
+        if not self._waiting:
+            return
+        too_old = time.monotonic() - self.visibility / 3
+        for ident, (key, claimed_at) in list(self._waiting.items()):
+            if not everything and claimed_at > too_old:
+                continue
+            if self._waiting.pop(ident, None) is None:
+                continue  # its handler just started
+            lease = self._running.pop(key)
+            self._pending.nack.append((lease, 0.0))
+            log.info(
+                "worker %s: giving back prefetched group %s seq %s (not started)",
+                self.worker_id,
+                lease.group_id,
+                lease.seq,
+                extra=_fields(lease, self.worker_id),
+            )
 
     def _collect(self) -> None:
         """Turn finished handlers into what the next round trip settles, and take in what
@@ -620,6 +697,10 @@ class Worker:
         )
         self.stats.forwarded += result.forwarded
         self._took_in_extensions(result.extended, [lease for lease in extend if id(lease) in lost])
+
+
+def _mean(mean: float | None, value: float) -> float:
+    return value if mean is None else mean + EWMA * (value - mean)
 
 
 def _split_pending(pending: _Pending, again: set[int]) -> tuple[_Pending, _Pending]:
