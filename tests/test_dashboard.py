@@ -411,6 +411,8 @@ def browser() -> Iterator[Any]:
                 "--disable-background-networking",
                 "--disable-component-update",
                 "--disable-sync",
+                # A DNS-rebinding page: its name, in the browser, is the dashboard's address.
+                "--host-resolver-rules=MAP rebind.test 127.0.0.1",
             ],
         )
         yield browser
@@ -532,6 +534,37 @@ def test_cancel_and_requeue_through_the_ui(
         assert not q.stats().paused
     with pytest.raises(LeaseLost):  # the UI's cancel fenced the lease in flight
         q.ack(lease)
+
+
+def test_a_rebinding_page_and_another_sites_form_are_refused(
+    rqlite_cluster3: Cluster, queue_name: str, q: Transport, page: Any
+) -> None:
+    """A page of rebind.test, a name that (in this browser) resolves to 127.0.0.1, opens the
+    dashboard under its own name: 400. A form of another site posts an action to the dashboard,
+    with a good CSRF token even: 403 for its origin, nothing changed."""
+    q.publish("g", 1)
+    with dashboard(rqlite_cluster3.url, queue_name, "--allow-actions") as base:
+        port = base.rsplit(":", 1)[1]
+        rebound = page.goto(f"http://rebind.test:{port}/")
+        assert rebound is not None and rebound.status == 400
+        assert "unknown Host" in page.content()
+        page.goto(base + "/")
+        token = page.locator('input[name="csrf"]').first.get_attribute("value")
+        assert token
+        form = (
+            f'<form method="post" action="{base}/action/pause">'
+            f'<input name="csrf" value="{token}"><button id="go">go</button></form>'
+        )
+        page.route(
+            "http://attacker.test/",
+            lambda route: route.fulfill(content_type="text/html", body=form),
+        )
+        page.goto("http://attacker.test/")
+        with page.expect_response(f"{base}/action/pause") as posted:
+            page.click("#go")
+        assert posted.value.status == 403
+        assert "another origin" in posted.value.text()
+        assert not q.stats().paused
 
 
 def test_the_schedules_page_lists_every_schedule(

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
+import os
 import signal
+import socket
+import ssl
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import click
 
@@ -34,17 +40,98 @@ def _quiet_server() -> type[Any]:
     return QuietServer
 
 
+AUTH_ENV = "RQLITE_QUEUE_DASHBOARD_AUTH"
+TOKEN_ENV = "RQLITE_QUEUE_DASHBOARD_TOKEN"
+WILDCARDS = ("", "0.0.0.0", "::")
+
+
+def _empty_env(name: str) -> None:
+    """click reads an empty environment variable as unset: a dashboard meant to be protected
+    would start open. Refused instead."""
+    if name in os.environ and not os.environ[name].strip():
+        raise click.UsageError(
+            f"${name} is set but empty: give it a value, or unset it for no "
+            f"{'credentials' if name == AUTH_ENV else 'token'}"
+        )
+
+
 def _credentials(value: str | None) -> tuple[str, str] | None:
-    if not value:
+    if value is None:
+        _empty_env(AUTH_ENV)
         return None
     user, sep, password = value.partition(":")
     if not sep or not user or not password:
-        raise click.BadParameter("expected USER:PASSWORD", param_hint="--basic-auth")
+        raise click.BadParameter(
+            "expected USER:PASSWORD (empty: the dashboard would be open)",
+            param_hint=f"--basic-auth (or ${AUTH_ENV})",
+        )
     return user, password
 
 
+def _token(value: str | None, token_file: Path | None) -> str | None:
+    if value is None and token_file is None:
+        _empty_env(TOKEN_ENV)
+    if token_file is not None:
+        if value is not None:
+            raise click.UsageError(f"--token-file, --token and ${TOKEN_ENV}: one at most")
+        try:
+            value = token_file.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise click.BadParameter(str(exc), param_hint="--token-file") from None
+        if not value:
+            raise click.BadParameter(f"{token_file} is empty", param_hint="--token-file")
+        return value
+    if value is not None and not value.strip():
+        raise click.BadParameter(
+            "empty (the dashboard would be open)", param_hint=f"--token (or ${TOKEN_ENV})"
+        )
+    return value.strip() if value is not None else None
+
+
+def _loopback(host: str) -> bool:
+    if host.lower().removesuffix(".") == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _allowed_hosts(host: str, public_url: str | None, extra: tuple[str, ...]) -> list[str]:
+    """The Host names the dashboard answers to: the address it listens on, the machine's names
+    when that is loopback or every address, the public URL's host, and `--allowed-host`."""
+    hosts = list(extra)
+    if host not in WILDCARDS:
+        hosts.append(host)
+    if _loopback(host) or host in WILDCARDS:
+        hosts.extend(["localhost", "127.0.0.1", "[::1]"])
+    if host in WILDCARDS:
+        hosts.append(socket.gethostname())
+    if public_url is not None:
+        hosts.append(str(urlsplit(public_url).hostname))
+    return hosts
+
+
+def _public_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is None:
+        return None
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 (raises on a bad port)
+    except ValueError:
+        parts = urlsplit("")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise click.BadParameter("expected http[s]://HOST[:PORT][/PATH]")
+    return value
+
+
 @cli.command()
-@click.option("--host", default="127.0.0.1", show_default=True, help="The address to listen on.")
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="The address to listen on (not loopback with --allow-actions: needs auth).",
+)
 @click.option("--port", type=click.IntRange(0, 65535), default=8321, show_default=True)
 @click.option(
     "--allow-actions",
@@ -53,14 +140,43 @@ def _credentials(value: str | None) -> tuple[str, str] | None:
 )
 @click.option(
     "--basic-auth",
-    envvar="RQLITE_QUEUE_DASHBOARD_AUTH",
+    envvar=AUTH_ENV,
     metavar="USER:PASSWORD",
-    help="Ask for these credentials (also $RQLITE_QUEUE_DASHBOARD_AUTH).",
+    help=f"Ask for these credentials (better: ${AUTH_ENV}, which `ps` does not show).",
 )
 @click.option(
     "--token",
-    envvar="RQLITE_QUEUE_DASHBOARD_TOKEN",
-    help="Accept this bearer token (also $RQLITE_QUEUE_DASHBOARD_TOKEN).",
+    envvar=TOKEN_ENV,
+    help=f"Accept this bearer token (better: --token-file or ${TOKEN_ENV}, not shown by `ps`).",
+)
+@click.option(
+    "--token-file",
+    type=click.Path(exists=True, dir_okay=False, readable=True, path_type=Path),
+    help="Accept the bearer token in this file (its first and last blanks dropped).",
+)
+@click.option(
+    "--public-url",
+    callback=_public_url,
+    metavar="URL",
+    help="The address users open (behind a proxy): its host is answered to, its origin may "
+    "post actions.",
+)
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    metavar="HOST[:PORT]",
+    help="Also answer to this Host name (repeatable); any other Host gets 400.",
+)
+@click.option(
+    "--cert",
+    type=click.Path(exists=True, dir_okay=False, readable=True),
+    help="Serve HTTPS with this certificate (PEM; with --key).",
+)
+@click.option(
+    "--key",
+    type=click.Path(exists=True, dir_okay=False, readable=True),
+    help="The private key of --cert (PEM).",
 )
 @click.option(
     "--refresh",
@@ -77,9 +193,23 @@ def dashboard(
     allow_actions: bool,
     basic_auth: str | None,
     token: str | None,
+    token_file: Path | None,
+    public_url: str | None,
+    allowed_hosts: tuple[str, ...],
+    cert: str | None,
+    key: str | None,
     refresh: float,
 ) -> int:
     """Serve the web dashboard (read-only unless --allow-actions) until Ctrl-C."""
+    credentials = _credentials(basic_auth)
+    bearer = _token(token, token_file)
+    if (cert is None) != (key is None):
+        raise click.UsageError("--cert and --key go together")
+    if allow_actions and not _loopback(host) and credentials is None and bearer is None:
+        raise click.UsageError(
+            f"--allow-actions on {host or 'every address'}, which is not loopback, needs auth "
+            f"(--basic-auth or a token): anyone who reaches it could change the queue"
+        )
     try:
         import uvicorn
 
@@ -89,8 +219,8 @@ def dashboard(
             f"the dashboard needs the 'dashboard' extra: pip install 'rqlite-queue[dashboard]' "
             f"({exc.name} is missing)"
         ) from None
-    credentials = _credentials(basic_auth)
     quiet_server = _quiet_server()
+    scheme = "https" if cert is not None else "http"
 
     async def serve() -> None:
         transport = await AsyncTransport.from_url(config.url, **config.options())
@@ -99,11 +229,21 @@ def dashboard(
                 transport,
                 allow_actions=allow_actions,
                 basic_auth=credentials,
-                bearer_token=token or None,
+                bearer_token=bearer,
                 refresh=refresh,
+                allowed_hosts=_allowed_hosts(host, public_url, allowed_hosts),
+                allowed_origins=[public_url] if public_url is not None else [],
             )
             server = quiet_server(
-                uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
+                uvicorn.Config(
+                    app,
+                    host=host,
+                    port=port,
+                    log_level="warning",
+                    lifespan="off",
+                    ssl_certfile=cert,
+                    ssl_keyfile=key,
+                )
             )
             loop = asyncio.get_running_loop()
             for signum in (signal.SIGINT, signal.SIGTERM):
@@ -112,11 +252,17 @@ def dashboard(
             while not server.started and not serving.done():
                 await asyncio.sleep(0.02)
             if not server.started:  # the port could not be bound: uvicorn logged why
-                await serving
+                try:
+                    await serving
+                except (ssl.SSLError, OSError) as exc:
+                    raise click.ClickException(f"could not load --cert/--key: {exc}") from None
                 raise click.ClickException(f"could not listen on {host}:{port}")
             bound = server.servers[0].sockets[0].getsockname()[1]
             mode = "actions allowed" if allow_actions else "read-only"
-            click.echo(f"dashboard of queue {config.queue!r} on http://{host}:{bound}/ ({mode})")
+            shown = f"[{host}]" if ":" in host else host
+            click.echo(
+                f"dashboard of queue {config.queue!r} on {scheme}://{shown}:{bound}/ ({mode})"
+            )
             sys.stdout.flush()
             await serving
         finally:

@@ -12,33 +12,47 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 from urllib.parse import quote
 
 import jinja2
 from starlette.applications import Starlette
-from starlette.datastructures import FormData
+from starlette.datastructures import FormData, MutableHeaders
 from starlette.middleware import Middleware
-from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, HTTPConnection, Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
-from starlette.routing import Mount, Route
+from starlette.routing import Match, Mount, Route
 from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import AsyncTransport
 from ..errors import InvalidArgument, LeaseLost, QueueError, Unavailable
 from ..timefmt import duration, utc
 from ..types import GROUP_STATES, MAX_BATCH, MAX_PRIORITY, TenantInfo
 from .history import History, polyline
-from .security import Access, Csrf
+from .security import Access, Csrf, Hosts, Throttle, origin_of, origins
 
 PAGE = 50
 """Rows per page of groups, tenants and dead letters."""
 
 _HERE = __file__.rsplit("/", 1)[0]
+
+_log = logging.getLogger("rqlite_queue.dashboard")
+
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; "
+    "style-src 'self' 'unsafe-inline'; frame-ancestors 'none'; form-action 'self'; "
+    "base-uri 'none'",
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+"""On every response, whatever its status: the pages show payloads, so none is stored."""
 
 
 def create_app(
@@ -48,17 +62,31 @@ def create_app(
     basic_auth: tuple[str, str] | None = None,
     bearer_token: str | None = None,
     refresh: float = 2.0,
+    allowed_hosts: Iterable[str] | None = None,
+    allowed_origins: Iterable[str] = (),
     clock: Callable[[], float] = time.time,
 ) -> Starlette:
     """The dashboard of `transport`'s queue. Read-only unless `allow_actions`; behind HTTP
-    Basic (`basic_auth=(user, password)`) or a bearer token when given; pages refresh every
-    `refresh` seconds."""
+    Basic (`basic_auth=(user, password)`) or a bearer token when given (failed logins are
+    throttled per client address: 429); pages refresh every `refresh` seconds.
+
+    `allowed_hosts`: the `Host` names it answers to (`name` for any port, `name:port`); any
+    other gets 400 (the defence against DNS rebinding). None (the default) answers to any: for
+    an app that checks them itself. An action (a POST) whose `Origin` (else `Referer`) is
+    neither the request's own origin nor one of `allowed_origins` (`https://host[:port]`: the
+    public address behind a proxy that changes `Host`) is refused with 403."""
     if not isinstance(allow_actions, bool):
         raise InvalidArgument("allow_actions must be True or False")
     if isinstance(refresh, bool) or not isinstance(refresh, int | float) or not refresh >= 0.2:
         raise InvalidArgument("refresh must be a number of seconds >= 0.2")
     dashboard = _Dashboard(
-        transport, allow_actions, Access(basic_auth, bearer_token), refresh, clock
+        transport,
+        allow_actions,
+        Access(basic_auth, bearer_token),
+        refresh,
+        Hosts(allowed_hosts),
+        origins(allowed_origins),
+        clock,
     )
     return dashboard.app
 
@@ -70,14 +98,19 @@ class _Dashboard:
         allow_actions: bool,
         access: Access,
         refresh: float,
+        hosts: Hosts,
+        allowed_origins: frozenset[tuple[str, str, int]],
         clock: Callable[[], float],
     ) -> None:
         self.q = transport
         self.allow_actions = allow_actions
         self.access = access
         self.refresh = refresh
+        self.hosts = hosts
+        self.allowed_origins = allowed_origins
         self.clock = clock
         self.csrf = Csrf()
+        self.throttle = Throttle()
         self.history = History(every=refresh)
         self.templates = jinja2.Environment(
             loader=jinja2.FileSystemLoader(f"{_HERE}/templates"),
@@ -106,29 +139,71 @@ class _Dashboard:
                 Route("/action/{name}", self.action, methods=["POST"]),
                 Mount("/static", StaticFiles(directory=f"{_HERE}/static"), name="static"),
             ],
-            middleware=[Middleware(BaseHTTPMiddleware, dispatch=self._guard)],
-            exception_handlers={QueueError: self._queue_error},
+            middleware=[Middleware(_Guard, dashboard=self)],
+            exception_handlers={
+                QueueError: self._queue_error,
+                404: self._not_found,
+                Exception: self._crash,
+            },
         )
+        # Starlette's own redirect builds an absolute URL from the Host header: ours is relative.
+        self.app.router.redirect_slashes = False
 
     # ------------------------------------------------------------------ plumbing
 
-    async def _guard(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
-        if not self.access.allows(request.headers.get("authorization")):
+    def refusal(self, conn: HTTPConnection) -> Response | None:
+        """The answer to a request that may not reach a page, if it is one: a foreign `Host`
+        (400), a client locked out by failed logins (429), missing credentials (401)."""
+        if not self.hosts.allows(conn.headers.get("host"), conn.url.scheme):
             return PlainTextResponse(
-                "authentication required",
-                status_code=401,
-                headers={"WWW-Authenticate": 'Basic realm="rqlite-queue", charset="UTF-8"'},
+                "unknown Host: this dashboard answers to its own names only "
+                "(rqlite-queue dashboard --allowed-host NAME adds one)",
+                status_code=400,
             )
-        response = await call_next(request)
-        response.headers.setdefault("X-Frame-Options", "DENY")
-        response.headers.setdefault("X-Content-Type-Options", "nosniff")
-        response.headers.setdefault("Referrer-Policy", "same-origin")
-        response.headers.setdefault(
-            "Content-Security-Policy",
-            "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; "
-            "frame-ancestors 'none'",
+        if not self.access.required:
+            return None
+        client = conn.client.host if conn.client else ""
+        wait = self.throttle.wait(client)
+        if wait:
+            return PlainTextResponse(
+                "too many failed logins: try again later",
+                status_code=429,
+                headers={"Retry-After": str(wait)},
+            )
+        authorization = conn.headers.get("authorization")
+        if self.access.allows(authorization):
+            self.throttle.succeeded(client)
+            return None
+        if authorization:  # a browser's first request, without credentials, is no failure
+            self.throttle.failed(client)
+        return PlainTextResponse(
+            "authentication required",
+            status_code=401,
+            headers={"WWW-Authenticate": 'Basic realm="rqlite-queue", charset="UTF-8"'},
         )
-        return response
+
+    async def _not_found(self, request: Request, exc: Exception) -> Response:
+        """404, or a relative redirect from `/page/` to `/page`."""
+        root = request.scope.get("root_path", "")
+        path = request.scope["path"]
+        route_path = path[len(root) :] if root and path.startswith(root) else path
+        if request.method in ("GET", "HEAD") and len(route_path) > 1 and path.endswith("/"):
+            scope = {**request.scope, "path": root + route_path.rstrip("/")}
+            if any(
+                isinstance(route, Route) and route.matches(scope)[0] is not Match.NONE
+                for route in self.app.routes
+            ):
+                location = quote(scope["path"], safe="/:@!$&'()*+,;=-._~")
+                if request.url.query:
+                    location += "?" + request.url.query
+                if location.startswith("/") and not location.startswith("//"):
+                    return RedirectResponse(location, status_code=307)
+        return self._page(request, "error.html", status=404, error="no such page")
+
+    async def _crash(self, request: Request, exc: Exception) -> Response:
+        """A bug's 500 (the error middleware, outside ours, sends it: it gets our headers here;
+        the traceback is logged as usual)."""
+        return PlainTextResponse("internal error", status_code=500, headers=SECURITY_HEADERS)
 
     async def _queue_error(self, request: Request, exc: Exception) -> Response:
         status = 503 if isinstance(exc, Unavailable) else 400
@@ -137,16 +212,41 @@ class _Dashboard:
         return self._page(request, "error.html", status=status, error=str(exc))
 
     def _page(self, request: Request, template: str, status: int = 200, **values: Any) -> Response:
+        session = self.csrf.session(request.cookies.get(Csrf.COOKIE))
+        new_session = self.allow_actions and session is None
+        if new_session:
+            session = self.csrf.new_session()
         html = self.templates.get_template(template).render(
             base=request.scope.get("root_path", ""),
             queue=self.q.queue,
             allow_actions=self.allow_actions,
-            csrf=self.csrf.token,
+            csrf=self.csrf.token(session) if session is not None and self.allow_actions else "",
             refresh_ms=int(self.refresh * 1000),
             path=request.url.path,
             **values,
         )
-        return HTMLResponse(html, status_code=status)
+        response = HTMLResponse(html, status_code=status)
+        if new_session and session is not None:
+            response.set_cookie(
+                Csrf.COOKIE,
+                session,
+                path=request.scope.get("root_path", "") or "/",
+                secure=request.url.scheme == "https",
+                httponly=True,
+                samesite="lax",
+            )
+        return response
+
+    def _same_origin(self, request: Request) -> bool:
+        """Whether a POST comes from the dashboard's own pages: its `Origin` (else its
+        `Referer`) is the request's own origin or an allowed one. A request with neither is no
+        browser's (curl, a script): its CSRF token decides."""
+        sent = request.headers.get("origin") or request.headers.get("referer")
+        if sent is None:
+            return True
+        origin = origin_of(sent)
+        own = origin_of(f"{request.url.scheme}://{request.headers.get('host', '')}")
+        return origin is not None and (origin == own or origin in self.allowed_origins)
 
     # ------------------------------------------------------------------ overview
 
@@ -278,8 +378,18 @@ class _Dashboard:
                 "read-only dashboard: start it with --allow-actions to change the queue",
                 status_code=403,
             )
-        form = await request.form()
-        if not self.csrf.valid(form.get("csrf")):
+        if not self._same_origin(request):
+            return PlainTextResponse("refused: the request comes from another origin", 403)
+        try:
+            form = await request.form()
+        except ClientDisconnect:
+            client = f"{request.client.host}:{request.client.port}" if request.client else "?"
+            _log.warning(
+                "client %s hung up before the whole body of POST %s", client, request.url.path
+            )
+            return Response(status_code=400)
+        session = self.csrf.session(request.cookies.get(Csrf.COOKIE))
+        if not self.csrf.valid(session, form.get("csrf")):
             return PlainTextResponse("missing or wrong CSRF token", status_code=403)
         name = request.path_params["name"]
         run = self._actions().get(name)
@@ -330,6 +440,34 @@ class _Dashboard:
             "resume": lambda f: q.resume(),
             "set_tenant_weight": lambda f: q.set_tenant(tenant(f), weight=_weight(f.get("weight"))),
         }
+
+
+class _Guard:
+    """Around every request: refuses what `_Dashboard.refusal` refuses, and puts the security
+    headers on every response, whatever its status."""
+
+    def __init__(self, app: ASGIApp, dashboard: _Dashboard) -> None:
+        self.app = app
+        self.dashboard = dashboard
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def secured(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(raw=list(message.get("headers", [])))
+                for name, value in SECURITY_HEADERS.items():
+                    headers[name] = value
+                message = {**message, "headers": headers.raw}
+            await send(message)
+
+        refusal = self.dashboard.refusal(HTTPConnection(scope))
+        if refusal is not None:
+            await refusal(scope, receive, secured)
+        else:
+            await self.app(scope, receive, secured)
 
 
 def _required(seqs: list[int] | None) -> list[int]:

@@ -1,20 +1,35 @@
 """Who may see the dashboard, and which requests may change the queue.
 
+- Which `Host` names it answers to (`Hosts`): a page of another site whose name was made to
+  resolve to the dashboard's address (DNS rebinding) sends its own name, and is refused.
 - Optional access control for the whole dashboard: HTTP Basic (a browser asks for it) or a
-  bearer token (scripts); both compared in constant time.
-- State-changing requests are POSTs that carry the CSRF token of this dashboard process: a
-  random value that only its own pages hold (another site's page cannot read them), compared
-  in constant time. A dashboard started read-only refuses every POST, token or not."""
+  bearer token (scripts); both compared in constant time; failed logins are throttled per
+  client address (`Throttle`).
+- State-changing requests are POSTs from the dashboard's own origin (`origin_of`) that carry
+  the CSRF token of their session: an HMAC, under a key of this dashboard process, of a random
+  session id held in an HttpOnly cookie (`Csrf`). Another site's page can neither read the
+  token nor make one for its own cookie. A dashboard started read-only refuses every POST."""
 
 from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import hmac
+import ipaddress
+import math
+import re
 import secrets
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 from ..errors import InvalidArgument
+
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
+"""The names of the machine itself, answered to when the dashboard listens on a loopback
+address."""
 
 
 @dataclass(frozen=True)
@@ -30,7 +45,9 @@ class Access:
             and ":" not in self.basic[0]
         ):
             raise InvalidArgument("basic auth must be a (user, password) pair of non-empty strings")
-        if self.bearer is not None and (not isinstance(self.bearer, str) or not self.bearer):
+        if self.bearer is not None and (
+            not isinstance(self.bearer, str) or not self.bearer.strip()
+        ):
             raise InvalidArgument("the bearer token must be a non-empty string")
 
     @property
@@ -59,11 +76,159 @@ class Access:
         return False
 
 
-class Csrf:
-    def __init__(self) -> None:
-        self.token = secrets.token_urlsafe(32)
+class Throttle:
+    """Failed logins per client address: from the `limit`-th failure in a row on, the address
+    is locked out for `first` seconds, doubled with each further failure up to `longest`; a
+    success forgets its failures, and so does an hour without one. At most `size` addresses are
+    remembered (the least recently failed are forgotten first)."""
 
-    def valid(self, submitted: object) -> bool:
-        return isinstance(submitted, str) and hmac.compare_digest(
-            submitted.encode(), self.token.encode()
-        )
+    def __init__(
+        self,
+        limit: int = 5,
+        first: float = 1.0,
+        longest: float = 900.0,
+        size: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.limit, self.first, self.longest, self.size = limit, first, longest, size
+        self.clock = clock
+        self._failures: dict[str, tuple[int, float, float]] = {}  # count, locked until, last
+
+    def wait(self, who: str) -> int:
+        """Whole seconds until `who` may try again; 0 when it may now."""
+        entry = self._failures.get(who)
+        left = 0.0 if entry is None else entry[1] - self.clock()
+        return math.ceil(left) if left > 0 else 0
+
+    def failed(self, who: str) -> None:
+        now = self.clock()
+        count, _, last = self._failures.pop(who, (0, 0.0, now))
+        count = 1 if now - last > 3600 else count + 1
+        until = now
+        if count >= self.limit:
+            until = now + min(self.longest, self.first * 2 ** min(count - self.limit, 30))
+        while len(self._failures) >= self.size:
+            del self._failures[next(iter(self._failures))]
+        self._failures[who] = (count, until, now)
+
+    def succeeded(self, who: str) -> None:
+        self._failures.pop(who, None)
+
+
+def authority(text: str) -> tuple[str, int | None] | None:
+    """The (name, port or None) of a `Host` header or of an allow-list entry (`name`,
+    `name:port`, `[v6]:port`, a bare IPv6 address): lowercased, without a final dot. None when
+    it is none of these."""
+    text = text.strip().lower()
+    if text.count(":") > 1 and not text.startswith("["):
+        text = f"[{text}]"  # a bare IPv6 address (never in a Host header)
+    port: int | None = None
+    if text.startswith("["):
+        name, _, rest = text.partition("]")
+        name += "]"
+        try:
+            ipaddress.IPv6Address(name[1:-1])
+        except ValueError:
+            return None
+    else:
+        name, colon, rest = text.partition(":")
+        rest = colon + rest
+        name = name.removesuffix(".")
+        if not re.fullmatch(r"[a-z0-9_]([a-z0-9_.-]*[a-z0-9_])?", name):
+            return None
+    if rest:
+        if not re.fullmatch(r":[0-9]{1,5}", rest) or not 0 < int(rest[1:]) < 65536:
+            return None
+        port = int(rest[1:])
+    return name, port
+
+
+class Hosts:
+    """The `Host` names a dashboard answers to: each entry a name (any port) or `name:port`.
+    None: any (the app it is mounted in checks them)."""
+
+    def __init__(self, entries: Iterable[str] | None) -> None:
+        self.any = entries is None
+        self.entries: set[tuple[str, int | None]] = set()
+        if entries is None:
+            return
+        if isinstance(entries, str | bytes) or not isinstance(entries, Iterable):
+            raise InvalidArgument("allowed_hosts must be a list of host names (or None)")
+        for entry in entries:
+            parsed = authority(entry) if isinstance(entry, str) else None
+            if parsed is None:
+                raise InvalidArgument(f"not a host name or host:port: {entry!r}")
+            self.entries.add(parsed)
+
+    def allows(self, host: str | None, scheme: str) -> bool:
+        if self.any:
+            return True
+        parsed = authority(host) if host else None
+        if parsed is None:
+            return False
+        name, port = parsed
+        port = port if port is not None else (443 if scheme in ("https", "wss") else 80)
+        return (name, None) in self.entries or (name, port) in self.entries
+
+
+def origin_of(url: str) -> tuple[str, str, int] | None:
+    """The (scheme, host, port) of an `Origin` header, a `Referer` or a public URL; None for
+    `null` or what is not an http(s) URL."""
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port
+    except ValueError:
+        return None
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https") or not parts.hostname:
+        return None
+    parsed = authority(parts.netloc.rpartition("@")[2])
+    if parsed is None:
+        return None
+    return scheme, parsed[0], port if port is not None else (443 if scheme == "https" else 80)
+
+
+def origins(entries: Iterable[str]) -> frozenset[tuple[str, str, int]]:
+    if isinstance(entries, str | bytes) or not isinstance(entries, Iterable):
+        raise InvalidArgument("allowed_origins must be a list of origins (scheme://host[:port])")
+    found = set()
+    for entry in entries:
+        parsed = origin_of(entry) if isinstance(entry, str) else None
+        if parsed is None:
+            raise InvalidArgument(f"not an origin (http[s]://host[:port]): {entry!r}")
+        found.add(parsed)
+    return frozenset(found)
+
+
+# ------------------------------------------------------------------------------ CSRF
+
+_SESSION = re.compile(r"[A-Za-z0-9_-]{43}")
+
+
+class Csrf:
+    """A CSRF token per session: the session is a random id in a cookie; its token, put in the
+    session's forms, is the id's HMAC under a key of this process (so a restart voids every
+    token, and no token is good for another session)."""
+
+    COOKIE = "rqlite_queue_session"
+
+    def __init__(self) -> None:
+        self._key = secrets.token_bytes(32)
+
+    @staticmethod
+    def session(cookie: str | None) -> str | None:
+        """The session id of a cookie value, if it is one."""
+        return cookie if cookie is not None and _SESSION.fullmatch(cookie) else None
+
+    @staticmethod
+    def new_session() -> str:
+        return secrets.token_urlsafe(32)
+
+    def token(self, session: str) -> str:
+        mac = hmac.new(self._key, session.encode(), hashlib.sha256).digest()
+        return base64.urlsafe_b64encode(mac).rstrip(b"=").decode()
+
+    def valid(self, session: str | None, submitted: object) -> bool:
+        if session is None or not isinstance(submitted, str):
+            return False
+        return hmac.compare_digest(submitted.encode(), self.token(session).encode())

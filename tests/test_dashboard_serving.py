@@ -1,0 +1,457 @@
+"""The dashboard served safely (issue 24), by the real command (`rqlite-queue dashboard`) on a
+real rqlite node, over HTTP(S): only its own Host names are served (DNS rebinding), an action
+from another origin is refused, empty credentials and an open public dashboard with actions
+are refused at start, redirects are relative, every response carries the security headers and
+`Cache-Control: no-store`, a client that hangs up mid-body costs one log line, the CSRF token
+is per session, failed logins are throttled, the token may come from a file, and TLS works."""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import shutil
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from rqlite_queue import Transport
+from rqlite_queue.testing import Cluster
+
+pytest.importorskip("starlette", reason="the dashboard extra is not installed")
+
+BIN = Path(sys.executable).parent
+EXE = shutil.which("rqlite-queue", path=str(BIN))
+
+pytestmark = pytest.mark.skipif(EXE is None, reason="rqlite-queue is not installed")
+
+
+@dataclass
+class Served:
+    base: str
+    port: int
+    log: str = ""  # the command's stderr, once it has stopped
+
+
+def command(url: str, queue: str, *options: str) -> list[str]:
+    assert EXE is not None
+    return [EXE, "--url", url, "--queue", queue, "dashboard", "--port", "0", *options]
+
+
+def environment(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RQLITE_QUEUE_DASH")}
+    return {**env, **extra}
+
+
+@contextmanager
+def serve(
+    url: str, queue: str, *options: str, env: dict[str, str] | None = None
+) -> Iterator[Served]:
+    """`rqlite-queue dashboard` on a free port until the block ends (SIGTERM, exit 0)."""
+    process = subprocess.Popen(
+        command(url, queue, *options),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=environment(**(env or {})),
+    )
+    assert process.stdout is not None
+    ready, _, _ = select.select([process.stdout], [], [], 30)
+    line = process.stdout.readline() if ready else ""
+    found = re.search(r"on (https?://[^/ ]+?:(\d+))/ ", line)
+    if not found:
+        process.kill()
+        raise AssertionError(f"no address in {line!r}: {process.communicate()[1][-2000:]}")
+    served = Served(found.group(1), int(found.group(2)))
+    try:
+        yield served
+    finally:
+        process.terminate()
+        try:
+            _, served.log = process.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+            raise
+        assert process.returncode == 0, served.log[-2000:]
+
+
+def refused(url: str, queue: str, *options: str, env: dict[str, str] | None = None) -> str:
+    """Runs a dashboard command that must refuse to start; returns what it said."""
+    try:
+        done = subprocess.run(
+            command(url, queue, *options),
+            capture_output=True,
+            text=True,
+            env=environment(**(env or {})),
+            timeout=20,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"{options} started a dashboard: {exc.stdout!r}") from None
+    assert done.returncode != 0, done.stdout
+    assert "Traceback" not in done.stderr, done.stderr
+    return done.stderr
+
+
+def csrf_token(page: httpx.Response) -> str:
+    found = re.search(r'name="csrf" value="([^"]+)"', page.text)
+    assert found, "an actions dashboard puts its token in its forms"
+    return found.group(1)
+
+
+@pytest.fixture
+def queue_name() -> str:
+    return f"serve_{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def q(rqlite_cluster: Cluster, queue_name: str) -> Iterator[Transport]:
+    transport = Transport.from_url(rqlite_cluster.url, queue=queue_name)
+    transport.publish("g", 1)
+    yield transport
+    transport.close()
+
+
+# ------------------------------------------------------------------------------ (a) rebinding
+
+
+def test_only_the_dashboards_own_host_names_are_served(
+    rqlite_cluster: Cluster, queue_name: str, q: Transport
+) -> None:
+    """A DNS-rebinding page reaches 127.0.0.1 with its own name in `Host`: refused."""
+    with serve(rqlite_cluster.url, queue_name) as served, httpx.Client() as http:
+        url = f"http://127.0.0.1:{served.port}/"
+        for host in ("127.0.0.1", "localhost", "[::1]", "localhost."):
+            page = http.get(url, headers={"Host": f"{host}:{served.port}"})
+            assert page.status_code == 200, host
+        assert http.get(url, headers={"Host": "localhost"}).status_code == 200
+        for host in ("evil.example", "127.0.0.1.evil.example", "localhost.evil.example", "x"):
+            page = http.get(url, headers={"Host": f"{host}:{served.port}"})
+            assert page.status_code == 400, host
+            assert page.text.startswith("unknown Host"), page.text
+            assert page.headers["cache-control"] == "no-store"
+        assert http.get(url + "static/htmx.min.js", headers={"Host": "evil"}).status_code == 400
+    with (
+        serve(
+            rqlite_cluster.url,
+            queue_name,
+            "--allowed-host",
+            "dash.internal",
+            "--allowed-host",
+            "ops.internal:9000",
+            "--public-url",
+            "https://dash.example.com/queue",
+        ) as served,
+        httpx.Client() as http,
+    ):
+        url = f"http://127.0.0.1:{served.port}/"
+        for host in (
+            "dash.internal",
+            f"dash.internal:{served.port}",
+            "ops.internal:9000",
+            "dash.example.com",
+            "DASH.example.com",
+            f"127.0.0.1:{served.port}",
+        ):
+            assert http.get(url, headers={"Host": host}).status_code == 200, host
+        for host in ("ops.internal", "ops.internal:9001", "example.com", "evil.example"):
+            assert http.get(url, headers={"Host": host}).status_code == 400, host
+
+
+def test_an_action_from_another_origin_is_refused(
+    rqlite_cluster: Cluster, queue_name: str, q: Transport
+) -> None:
+    with (
+        serve(
+            rqlite_cluster.url,
+            queue_name,
+            "--allow-actions",
+            "--public-url",
+            "https://dash.example.com/queue",
+        ) as served,
+        httpx.Client(base_url=served.base) as http,
+    ):
+        token = csrf_token(http.get("/"))
+        form = {"csrf": token, "next": "/"}
+        for headers in (
+            {"Origin": "http://evil.example"},
+            {"Origin": f"http://evil.example:{served.port}"},
+            {"Origin": "null"},
+            {"Origin": f"https://127.0.0.1:{served.port}"},  # another scheme
+            {"Origin": "http://127.0.0.1:1"},  # another port
+            {"Referer": f"http://evil.example:{served.port}/"},
+            {"Origin": "http://evil.example", "Referer": f"{served.base}/"},
+        ):
+            forged = http.post("/action/pause", data=form, headers=headers)
+            assert forged.status_code == 403, headers
+            assert "origin" in forged.text.lower(), headers
+            assert not q.stats().paused
+        for headers in (
+            {"Origin": served.base},
+            {"Referer": f"{served.base}/groups?state=ready"},
+            {"Origin": "https://dash.example.com"},
+            {},  # not a browser (curl, a script): the CSRF token alone
+        ):
+            q.resume()
+            done = http.post("/action/pause", data=form, headers=headers)
+            assert done.status_code == 303, headers
+            assert q.stats().paused
+    q.resume()
+
+
+# ------------------------------------------------------------------------------ (b), (c) at start
+
+
+def test_empty_credentials_are_refused_at_start(
+    rqlite_cluster: Cluster, queue_name: str, tmp_path: Path
+) -> None:
+    url = rqlite_cluster.url
+    assert "--token" in refused(url, queue_name, "--token", "")
+    assert "--token" in refused(url, queue_name, "--token", "  ")
+    assert "--basic-auth" in refused(url, queue_name, "--basic-auth", "")
+    said = refused(url, queue_name, env={"RQLITE_QUEUE_DASHBOARD_TOKEN": ""})
+    assert "RQLITE_QUEUE_DASHBOARD_TOKEN" in said and "empty" in said
+    said = refused(url, queue_name, env={"RQLITE_QUEUE_DASHBOARD_AUTH": ""})
+    assert "RQLITE_QUEUE_DASHBOARD_AUTH" in said and "empty" in said
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    assert "--token-file" in refused(url, queue_name, "--token-file", str(empty))
+    missing = str(tmp_path / "missing")
+    assert "--token-file" in refused(url, queue_name, "--token-file", missing)
+    secret = tmp_path / "secret"
+    secret.write_text("s3cret\n")
+    said = refused(url, queue_name, "--token-file", str(secret), "--token", "other")
+    assert "--token-file" in said
+
+
+def test_actions_on_a_public_address_need_auth(rqlite_cluster: Cluster, queue_name: str) -> None:
+    url = rqlite_cluster.url
+    for host in ("0.0.0.0", "::", "192.0.2.1", "dash.example.com"):
+        said = refused(url, queue_name, "--host", host, "--allow-actions")
+        assert "--allow-actions" in said and "auth" in said, host
+    with (
+        serve(url, queue_name, "--host", "0.0.0.0", "--allow-actions", "--token", "s3cret") as s,
+        httpx.Client() as http,
+    ):
+        local = http.get(f"http://127.0.0.1:{s.port}/", headers={"Authorization": "Bearer s3cret"})
+        assert local.status_code == 200
+    with serve(url, queue_name, "--host", "0.0.0.0") as s, httpx.Client() as http:
+        assert http.get(f"http://127.0.0.1:{s.port}/").status_code == 200  # read-only: fine
+
+
+# ------------------------------------------------------------------------------ (d), (e), headers
+
+
+def test_trailing_slash_redirects_are_relative(
+    rqlite_cluster: Cluster, queue_name: str, q: Transport
+) -> None:
+    with serve(rqlite_cluster.url, queue_name) as served, httpx.Client() as http:
+        url = f"http://127.0.0.1:{served.port}"
+        moved = http.get(f"{url}/groups/?state=ready", headers={"Host": "localhost"})
+        assert moved.status_code in (307, 308)
+        assert moved.headers["location"] == "/groups?state=ready"
+        assert http.get(f"{url}/nowhere/").status_code == 404
+        assert http.get(f"{url}//evil.example/").status_code == 404
+
+
+HEADERS = {
+    "cache-control": "no-store",
+    "x-frame-options": "DENY",
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "same-origin",
+}
+
+
+def assert_security_headers(response: httpx.Response) -> None:
+    for name, value in HEADERS.items():
+        assert response.headers.get(name) == value, (response.request.url, name)
+    policy = response.headers["content-security-policy"]
+    for part in ("default-src 'self'", "frame-ancestors 'none'", "form-action 'self'"):
+        assert part in policy, (response.request.url, part)
+    assert "base-uri 'none'" in policy and "script-src" not in policy
+
+
+def test_every_response_carries_the_security_headers(
+    rqlite_cluster: Cluster, queue_name: str, q: Transport
+) -> None:
+    with serve(rqlite_cluster.url, queue_name) as served, httpx.Client() as http:
+        url = f"http://127.0.0.1:{served.port}"
+        for response, status in [
+            (http.get(f"{url}/"), 200),
+            (http.get(f"{url}/fragments/overview"), 200),
+            (http.get(f"{url}/static/htmx.min.js"), 200),
+            (http.get(f"{url}/groups", params={"state": "stuck"}), 400),
+            (http.get(f"{url}/", headers={"Host": "evil.example"}), 400),
+            (http.get(f"{url}/nowhere"), 404),
+            (http.post(f"{url}/action/pause", data={}), 403),
+            (http.get(f"{url}/groups/"), 307),
+        ]:
+            assert response.status_code == status, response.request.url
+            assert_security_headers(response)
+    with (
+        serve(rqlite_cluster.url, queue_name, "--token", "s3cret", "--allow-actions") as served,
+        httpx.Client(base_url=served.base) as http,
+    ):
+        for response, status in [
+            (http.get("/"), 401),
+            (http.get("/", headers={"Authorization": "Bearer s3cret"}), 200),
+            (http.post("/action/pause", headers={"Origin": "http://evil.example"}), 401),
+            (
+                http.post(
+                    "/action/pause",
+                    headers={"Origin": "http://evil.example", "Authorization": "Bearer s3cret"},
+                ),
+                403,
+            ),
+        ]:
+            assert response.status_code == status, response.request.url
+            assert_security_headers(response)
+
+
+# ------------------------------------------------------------------------------ (f) hang-ups
+
+
+def test_a_client_hanging_up_mid_body_costs_one_log_line(
+    rqlite_cluster: Cluster, queue_name: str, q: Transport
+) -> None:
+    with serve(rqlite_cluster.url, queue_name, "--allow-actions") as served:
+        for _ in range(3):
+            with socket.create_connection(("127.0.0.1", served.port), timeout=10) as conn:
+                conn.sendall(
+                    b"POST /action/pause HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                    b"Content-Type: application/x-www-form-urlencoded\r\n"
+                    b"Content-Length: 1000\r\n\r\ncsrf=abc"
+                )
+                time.sleep(0.3)
+        time.sleep(0.5)
+        with httpx.Client(base_url=served.base) as http:
+            assert http.get("/").status_code == 200  # still serving
+    assert "Traceback" not in served.log, served.log[-3000:]
+    lines = [line for line in served.log.splitlines() if line.strip()]
+    assert len(lines) == 3, served.log
+    assert all("hung up" in line and "/action/pause" in line for line in lines), lines
+    assert not q.stats().paused
+
+
+# ------------------------------------------------------------------------------ sessions, logins
+
+
+def test_the_csrf_token_is_per_session(
+    rqlite_cluster: Cluster, queue_name: str, q: Transport
+) -> None:
+    with (
+        serve(rqlite_cluster.url, queue_name, "--allow-actions") as served,
+        httpx.Client(base_url=served.base) as alice,
+        httpx.Client(base_url=served.base) as bob,
+        httpx.Client(base_url=served.base) as mallory,
+    ):
+        page = alice.get("/")
+        cookie = page.headers["set-cookie"]
+        assert "httponly" in cookie.lower() and "samesite=lax" in cookie.lower()
+        assert "secure" not in cookie.lower()  # plain HTTP
+        token_a, token_b = csrf_token(page), csrf_token(bob.get("/"))
+        assert token_a != token_b
+        again = alice.get("/group", params={"id": "g"})
+        assert csrf_token(again) == token_a  # the same all through a session
+        assert "set-cookie" not in again.headers
+        for who, token in ((bob, token_a), (alice, token_b), (mallory, token_a)):
+            refused = who.post("/action/pause", data={"csrf": token})
+            assert refused.status_code == 403 and "CSRF" in refused.text
+        assert not q.stats().paused
+        assert bob.post("/action/pause", data={"csrf": token_b}).status_code == 303
+        assert q.stats().paused
+        assert alice.post("/action/resume", data={"csrf": token_a}).status_code == 303
+        assert not q.stats().paused
+
+
+def test_the_token_from_a_file_or_the_environment(
+    rqlite_cluster: Cluster, queue_name: str, tmp_path: Path
+) -> None:
+    secret = tmp_path / "token"
+    secret.write_text("fr0m-a-file\n")
+    with (
+        serve(rqlite_cluster.url, queue_name, "--token-file", str(secret)) as served,
+        httpx.Client(base_url=served.base) as http,
+    ):
+        assert http.get("/").status_code == 401
+        ok = http.get("/", headers={"Authorization": "Bearer fr0m-a-file"})
+        assert ok.status_code == 200
+    with (
+        serve(
+            rqlite_cluster.url, queue_name, env={"RQLITE_QUEUE_DASHBOARD_TOKEN": "fr0m-the-env"}
+        ) as served,
+        httpx.Client(base_url=served.base) as http,
+    ):
+        assert http.get("/").status_code == 401
+        ok = http.get("/", headers={"Authorization": "Bearer fr0m-the-env"})
+        assert ok.status_code == 200
+
+
+def test_failed_logins_are_throttled(rqlite_cluster: Cluster, queue_name: str) -> None:
+    with (
+        serve(rqlite_cluster.url, queue_name, "--basic-auth", "admin:pw") as served,
+        httpx.Client(base_url=served.base) as http,
+    ):
+        for _ in range(10):  # a browser asking before it prompts is no failed login
+            assert http.get("/").status_code == 401
+        for _ in range(5):
+            assert http.get("/", auth=("admin", "guess")).status_code == 401
+        locked = http.get("/", auth=("admin", "pw"))
+        assert locked.status_code == 429  # even the right password, while locked out
+        assert_security_headers(locked)
+        wait = int(locked.headers["retry-after"])
+        assert 1 <= wait <= 2
+        time.sleep(wait + 0.2)
+        assert http.get("/", auth=("admin", "guess")).status_code == 401
+        again = http.get("/", auth=("admin", "pw"))
+        assert again.status_code == 429  # one more failure: locked out again, for longer
+        assert int(again.headers["retry-after"]) >= wait
+        time.sleep(int(again.headers["retry-after"]) + 0.2)
+        assert http.get("/", auth=("admin", "pw")).status_code == 200
+        for _ in range(4):  # a success forgets the failures
+            assert http.get("/", auth=("admin", "guess")).status_code == 401
+        assert http.get("/", auth=("admin", "pw")).status_code == 200
+
+
+# ------------------------------------------------------------------------------ TLS
+
+
+def test_tls(rqlite_cluster: Cluster, queue_name: str, q: Transport, tmp_path: Path) -> None:
+    trustme = pytest.importorskip("trustme")
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    cert.private_key_pem.write_to_path(str(tmp_path / "key.pem"))
+    cert.cert_chain_pems[0].write_to_path(str(tmp_path / "cert.pem"))
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    url = rqlite_cluster.url
+    tls = ("--cert", str(tmp_path / "cert.pem"), "--key", str(tmp_path / "key.pem"))
+    assert "--key" in refused(url, queue_name, *tls[:2])
+    assert "--cert" in refused(url, queue_name, *tls[2:])
+    with serve(url, queue_name, "--allow-actions", *tls) as served:
+        assert served.base.startswith("https://127.0.0.1:")
+        trusted = ssl.create_default_context(cafile=str(tmp_path / "ca.pem"))
+        with httpx.Client(base_url=served.base, verify=trusted) as http:
+            page = http.get("/")
+            assert page.status_code == 200
+            assert_security_headers(page)
+            assert "secure" in page.headers["set-cookie"].lower()
+            done = http.post(
+                "/action/pause", data={"csrf": csrf_token(page)}, headers={"Origin": served.base}
+            )
+            assert done.status_code == 303 and q.stats().paused
+        with httpx.Client(base_url=served.base) as unknown, pytest.raises(httpx.ConnectError):
+            unknown.get("/")
+        plain = f"http://127.0.0.1:{served.port}/"
+        with httpx.Client() as http, pytest.raises(httpx.HTTPError):
+            http.get(plain)
+    q.resume()
