@@ -248,6 +248,7 @@ class AsyncWorker:
         given back and claimed again is another lease): key, when claimed (monotonic). Popped
         by whoever comes first: the handler starting, or a give-back."""
         self._began: dict[tuple[str, int], float] = {}
+        self._next_give_back = 0.0
         self._handler_seconds: float | None = None
         self._round_seconds: float | None = None
         """Running means (EWMA) of a handler's time and of a round trip's."""
@@ -348,7 +349,6 @@ class AsyncWorker:
             extend = self._due_heartbeats()
             # Free slots; a round claims ahead of them, but never runs only to claim ahead.
             slots = 0 if self._stopping else self.concurrency - len(self._running)
-            free = 0 if self._stopping else max(0, slots + self._ahead())
             retry_due = bool(self._retry) and now >= self._retry_at
             if not self._pending and not extend and not retry_due:
                 if self._stopping and not self._running and not self._retry:
@@ -365,6 +365,7 @@ class AsyncWorker:
                     await runtime.wait(batch_until - now)
                     continue
             batch_until = None
+            free = 0 if self._stopping else max(0, slots + self._ahead())
             floor = 0 if floor_again else self.priority.next_floor()
             pending = self._pending.take()
             if retry_due:
@@ -538,9 +539,11 @@ class AsyncWorker:
     def _give_back_waiting(self, everything: bool) -> None:
         """Give back the prefetched leases whose handler has not started within a third of
         `visibility` (all of them, when stopping): their groups are claimable again at once."""
-        if not self._waiting:
+        now = time.monotonic()
+        if not self._waiting or (not everything and now < self._next_give_back):
             return
-        too_old = time.monotonic() - self.visibility / 3
+        self._next_give_back = now + KEEPER_TICK  # (a scan per handler that ends costs too much)
+        too_old = now - self.visibility / 3
         for ident, (key, claimed_at) in list(self._waiting.items()):
             if not everything and claimed_at > too_old:
                 continue
