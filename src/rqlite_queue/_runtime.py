@@ -24,9 +24,13 @@ Same = Annotated[T, "what Awaitable[T] becomes in the generated sync code: T its
 __all__ = [
     "SKIPPED",
     "AsyncFanOut",
+    "AsyncHandoff",
+    "AsyncMutex",
     "AsyncRuntime",
     "Awaitable",
     "FanOut",
+    "Handoff",
+    "Mutex",
     "Same",
     "SyncRuntime",
 ]
@@ -301,6 +305,66 @@ class SyncRuntime:
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)
         self._previous.clear()
+
+
+class AsyncHandoff:
+    """A value handed from one task to another, once."""
+
+    def __init__(self) -> None:
+        self._future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+    def put(self, value: Any) -> None:
+        if not self._future.done():
+            self._future.set_result(value)
+
+    async def get(self) -> Any:
+        return await self._future
+
+    def peek(self) -> Any:
+        """The value if it was put, else None."""
+        done = self._future.done() and not self._future.cancelled()
+        return self._future.result() if done else None
+
+
+class Handoff:
+    """A value handed from one thread to another, once."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._value: Any = None
+
+    def put(self, value: Any) -> None:
+        self._value = value
+        self._event.set()
+
+    def get(self) -> Any:
+        self._event.wait()
+        return self._value
+
+    def peek(self) -> Any:
+        return self._value if self._event.is_set() else None
+
+
+class AsyncMutex:
+    """What guards state shared by concurrent callers: nothing on one event loop (no await
+    inside the guarded blocks), a lock between threads (`Mutex`)."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+
+class Mutex:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> None:
+        self._lock.acquire()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._lock.release()
 
 
 class AsyncFanOut:

@@ -16,7 +16,7 @@ from typing import Any, Protocol, TypeVar
 
 from .._protocol.core import Plan, QueueCore, TenantsTurnedOn
 from .._protocol.http import STATUS_TIMEOUT, applied_index, parse_nodes
-from .._protocol.params import CheckedRound, RoundSpec
+from .._protocol.params import MAX_PUBLISH, CheckedRound, RoundSpec
 from .._protocol.retry import FAILOVER, MIN_ATTEMPT, Retry
 from .._protocol.sql import Batch, NewMessage, Reply, Result, Statement
 from .._runtime import AsyncFanOut
@@ -24,11 +24,13 @@ from ..errors import (
     BackendError,
     InvalidArgument,
     OutcomeUnknown,
+    QueueError,
     QueueFull,
     SchemaError,
     Unavailable,
 )
 from ..types import NodeView, Round
+from .coalesce import AsyncCoalescer
 
 T = TypeVar("T")
 Merge = Callable[[Mapping[str, T], Sequence[str]], T]
@@ -285,6 +287,9 @@ class AsyncClusterRouter:
 
     def __init__(self, backend: AsyncBackend) -> None:
         self.backend = backend
+        self.publishes: AsyncCoalescer[tuple[Sequence[NewMessage], float], list[int]]
+        self.publishes = AsyncCoalescer(self._publish_calls, lambda call: len(call[0]), MAX_PUBLISH)
+        """Concurrent publishes on this transport go together (group commit)."""
 
     @property
     def resent(self) -> int:
@@ -315,9 +320,56 @@ class AsyncClusterRouter:
     async def publish(
         self, messages: Sequence[NewMessage], deadline: float, *, bounded: bool = True
     ) -> list[int]:
+        if not bounded:  # (follow-ups forwarded from an outbox: never many at once)
+            return await self._publish_now(messages, deadline, bounded=False)
+        return await self.publishes.submit((messages, deadline))
+
+    async def _publish_now(
+        self, messages: Sequence[NewMessage], deadline: float, *, bounded: bool = True
+    ) -> list[int]:
         backend = self.backend
         tenants_on = backend.fair if bounded else None
         return await backend.run(backend.core.publish(messages, tenants_on=tenants_on), deadline)
+
+    async def _publish_calls(
+        self, calls: list[tuple[Sequence[NewMessage], float]]
+    ) -> list[list[int] | BaseException]:
+        """Publish the messages of concurrent calls in one batch (atomic, as one call's are),
+        within the earliest deadline. Each call gets its own seqs; if the batch is refused for
+        what one call carries (a bound, a tenant, a bad value) each is published on its own,
+        so each gets its own outcome; after a lost reply, the calls whose every message has a
+        dedup id are sent again on their own (harmless), the others learn `OutcomeUnknown`."""
+        if len(calls) == 1:
+            return [await self._outcome(*calls[0])]
+        try:
+            seqs = await self._publish_now(
+                [m for messages, _ in calls for m in messages], min(d for _, d in calls)
+            )
+        except (InvalidArgument, QueueFull, BackendError):
+            return [await self._outcome(messages, deadline) for messages, deadline in calls]
+        except OutcomeUnknown as exc:
+            return [
+                await self._outcome(messages, deadline)
+                if all(m.dedup_id is not None for m in messages)
+                else exc
+                for messages, deadline in calls
+            ]
+        except QueueError as exc:  # unavailable, closed...: what each call would have met
+            return [exc for _ in calls]
+        outcomes: list[list[int] | BaseException] = []
+        at = 0
+        for messages, _ in calls:
+            outcomes.append(seqs[at : at + len(messages)])
+            at += len(messages)
+        return outcomes
+
+    async def _outcome(
+        self, messages: Sequence[NewMessage], deadline: float
+    ) -> list[int] | BaseException:
+        try:
+            return await self._publish_now(messages, deadline)
+        except QueueError as exc:
+            return exc
 
     async def round(
         self, checked: CheckedRound, deadline: float, *, probe_when_idle: bool

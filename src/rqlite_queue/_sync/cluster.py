@@ -16,7 +16,7 @@ from typing import Any, Protocol, TypeVar
 
 from .._protocol.core import Plan, QueueCore, TenantsTurnedOn
 from .._protocol.http import STATUS_TIMEOUT, applied_index, parse_nodes
-from .._protocol.params import CheckedRound, RoundSpec
+from .._protocol.params import MAX_PUBLISH, CheckedRound, RoundSpec
 from .._protocol.retry import FAILOVER, MIN_ATTEMPT, Retry
 from .._protocol.sql import Batch, NewMessage, Reply, Result, Statement
 from .._runtime import FanOut
@@ -24,11 +24,13 @@ from ..errors import (
     BackendError,
     InvalidArgument,
     OutcomeUnknown,
+    QueueError,
     QueueFull,
     SchemaError,
     Unavailable,
 )
 from ..types import NodeView, Round
+from .coalesce import Coalescer
 
 T = TypeVar("T")
 Merge = Callable[[Mapping[str, T], Sequence[str]], T]
@@ -285,6 +287,9 @@ class ClusterRouter:
 
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
+        self.publishes: Coalescer[tuple[Sequence[NewMessage], float], list[int]]
+        self.publishes = Coalescer(self._publish_calls, lambda call: len(call[0]), MAX_PUBLISH)
+        """Concurrent publishes on this transport go together (group commit)."""
 
     @property
     def resent(self) -> int:
@@ -315,9 +320,56 @@ class ClusterRouter:
     def publish(
         self, messages: Sequence[NewMessage], deadline: float, *, bounded: bool = True
     ) -> list[int]:
+        if not bounded:  # (follow-ups forwarded from an outbox: never many at once)
+            return self._publish_now(messages, deadline, bounded=False)
+        return self.publishes.submit((messages, deadline))
+
+    def _publish_now(
+        self, messages: Sequence[NewMessage], deadline: float, *, bounded: bool = True
+    ) -> list[int]:
         backend = self.backend
         tenants_on = backend.fair if bounded else None
         return backend.run(backend.core.publish(messages, tenants_on=tenants_on), deadline)
+
+    def _publish_calls(
+        self, calls: list[tuple[Sequence[NewMessage], float]]
+    ) -> list[list[int] | BaseException]:
+        """Publish the messages of concurrent calls in one batch (atomic, as one call's are),
+        within the earliest deadline. Each call gets its own seqs; if the batch is refused for
+        what one call carries (a bound, a tenant, a bad value) each is published on its own,
+        so each gets its own outcome; after a lost reply, the calls whose every message has a
+        dedup id are sent again on their own (harmless), the others learn `OutcomeUnknown`."""
+        if len(calls) == 1:
+            return [self._outcome(*calls[0])]
+        try:
+            seqs = self._publish_now(
+                [m for messages, _ in calls for m in messages], min(d for _, d in calls)
+            )
+        except (InvalidArgument, QueueFull, BackendError):
+            return [self._outcome(messages, deadline) for messages, deadline in calls]
+        except OutcomeUnknown as exc:
+            return [
+                self._outcome(messages, deadline)
+                if all(m.dedup_id is not None for m in messages)
+                else exc
+                for messages, deadline in calls
+            ]
+        except QueueError as exc:  # unavailable, closed...: what each call would have met
+            return [exc for _ in calls]
+        outcomes: list[list[int] | BaseException] = []
+        at = 0
+        for messages, _ in calls:
+            outcomes.append(seqs[at : at + len(messages)])
+            at += len(messages)
+        return outcomes
+
+    def _outcome(
+        self, messages: Sequence[NewMessage], deadline: float
+    ) -> list[int] | BaseException:
+        try:
+            return self._publish_now(messages, deadline)
+        except QueueError as exc:
+            return exc
 
     def round(self, checked: CheckedRound, deadline: float, *, probe_when_idle: bool) -> Round:
         return self.backend.round(checked, deadline, probe_when_idle=probe_when_idle)
