@@ -774,3 +774,49 @@ def test_stop_gives_prefetched_messages_back_at_once(tmp_path: Path) -> None:
     assert [lease.group_id for lease in taken] == ["next"]
     assert seen == ["quick", "slow"]
     q.close()
+
+
+# ------------------------------------------------------------------------ local pickup
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_publish_in_the_same_process_wakes_an_idle_worker_at_once(
+    url: str, flavour: str
+) -> None:
+    """The worker polls every 5 s; a publish made by another transport of this process
+    starts its handler well before that."""
+    queue = f"wake_{flavour}"
+    started: list[float] = []
+    publisher = Transport.from_url(url, queue=queue)
+    publisher.setup()
+
+    def publish_soon() -> None:
+        time.sleep(0.5)  # idle by then: its first claim found nothing
+        publisher.publish("g", 1)
+        published.append(time.monotonic())
+
+    published: list[float] = []
+    threading.Thread(target=publish_soon).start()
+    if flavour == "sync":
+        q = Transport.from_url(url, queue=queue)
+        worker: Any = Worker(q, lambda lease: started.append(time.monotonic()), poll_interval=5)
+        run_sync(worker, lambda: bool(started), timeout=10)
+        q.close()
+    else:
+
+        async def main() -> Any:
+            aq = await AsyncTransport.from_url(url, queue=queue)
+
+            async def handle(lease: Lease) -> None:
+                started.append(time.monotonic())
+                aworker.stop()
+
+            aworker = AsyncWorker(aq, handle, poll_interval=5)
+            await aworker.run(handle_signals=False)
+            await aq.close()
+            return aworker
+
+        worker = asyncio.run(main())
+    publisher.close()
+    assert started and started[0] - published[0] < 1.0
+    assert worker.stats.claimed == 1

@@ -22,6 +22,7 @@ T = TypeVar("T")
 
 Same = Annotated[T, "what Awaitable[T] becomes in the generated sync code: T itself"]
 __all__ = [
+    "LOCAL_PUBLISHES",
     "SKIPPED",
     "AsyncFanOut",
     "AsyncHandoff",
@@ -305,6 +306,39 @@ class SyncRuntime:
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)
         self._previous.clear()
+
+
+class LocalPublishes:
+    """The workers of this process waiting for work, by queue name: a publish made in this
+    process wakes them at once, instead of at their next poll. (By name only: a queue of the
+    same name on another cluster wakes them too, and costs them one claim that finds nothing.)"""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiting: dict[str, set[Callable[[], None]]] = {}
+
+    def listen(self, queue: str, wake: Callable[[], None]) -> None:
+        with self._lock:
+            self._waiting.setdefault(queue, set()).add(wake)
+
+    def forget(self, queue: str, wake: Callable[[], None]) -> None:
+        with self._lock:
+            waiting = self._waiting.get(queue)
+            if waiting is not None:
+                waiting.discard(wake)
+                if not waiting:
+                    del self._waiting[queue]
+
+    def published(self, queue: str) -> None:
+        if not self._waiting:  # (the common case: no worker here; no lock)
+            return
+        with self._lock:
+            wakes = list(self._waiting.get(queue, ()))
+        for wake in wakes:
+            wake()
+
+
+LOCAL_PUBLISHES = LocalPublishes()
 
 
 class AsyncHandoff:

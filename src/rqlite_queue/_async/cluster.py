@@ -19,7 +19,7 @@ from .._protocol.http import STATUS_TIMEOUT, applied_index, parse_nodes
 from .._protocol.params import MAX_PUBLISH, CheckedRound, RoundSpec
 from .._protocol.retry import FAILOVER, MIN_ATTEMPT, Retry
 from .._protocol.sql import Batch, NewMessage, Reply, Result, Statement
-from .._runtime import AsyncFanOut
+from .._runtime import LOCAL_PUBLISHES, AsyncFanOut
 from ..errors import (
     BackendError,
     InvalidArgument,
@@ -321,8 +321,11 @@ class AsyncClusterRouter:
         self, messages: Sequence[NewMessage], deadline: float, *, bounded: bool = True
     ) -> list[int]:
         if not bounded:  # (follow-ups forwarded from an outbox: never many at once)
-            return await self._publish_now(messages, deadline, bounded=False)
-        return await self.publishes.submit((messages, deadline))
+            seqs = await self._publish_now(messages, deadline, bounded=False)
+        else:
+            seqs = await self.publishes.submit((messages, deadline))
+        LOCAL_PUBLISHES.published(self.backend.core.names.queue)
+        return seqs
 
     async def _publish_now(
         self, messages: Sequence[NewMessage], deadline: float, *, bounded: bool = True

@@ -28,7 +28,7 @@ from .._protocol.sharding import (
     split_round,
 )
 from .._protocol.sql import NewMessage, Statement
-from .._runtime import AsyncFanOut, Awaitable
+from .._runtime import LOCAL_PUBLISHES, AsyncFanOut, Awaitable
 from ..errors import (
     BackendError,
     InvalidArgument,
@@ -235,6 +235,8 @@ class AsyncShardRouter:
 
         results = await self.on_many(list(parts), part)
         published = {n: r for n, r in results.items() if isinstance(r, list)}
+        if published:
+            LOCAL_PUBLISHES.published(self.core.names.queue)
         failed = [(n, r) for n, r in results.items() if isinstance(r, BaseException)]
         if failed and (len(parts) == 1 or (not published and _all_full(failed))):
             raise failed[0][1]  # nothing was written

@@ -21,7 +21,7 @@ from .._protocol.checks import check_bool, check_int, check_seconds
 from .._protocol.params import MAX_PUBLISH
 from .._protocol.retry import ROUND_ERRORS, Backoff
 from .._protocol.worker_policy import FailurePolicy, PriorityShare, Verdict, heartbeat_due
-from .._runtime import SKIPPED, AsyncRuntime
+from .._runtime import LOCAL_PUBLISHES, SKIPPED, AsyncRuntime
 from ..errors import (
     AuthError,
     InvalidArgument,
@@ -249,6 +249,7 @@ class AsyncWorker:
         by whoever comes first: the handler starting, or a give-back."""
         self._began: dict[tuple[str, int], float] = {}
         self._next_give_back = 0.0
+        self._published_here = False
         self._handler_seconds: float | None = None
         self._round_seconds: float | None = None
         """Running means (EWMA) of a handler's time and of a round trip's."""
@@ -303,14 +304,23 @@ class AsyncWorker:
             runtime.install_signals(self._on_signal)
         log.info("worker %s started (concurrency %d)", self.worker_id, self.concurrency)
         runtime.keep(self._keep_leases)
+        LOCAL_PUBLISHES.listen(self.transport.queue, self._on_local_publish)
         try:
             await self._loop(runtime, until_empty)
         finally:
+            LOCAL_PUBLISHES.forget(self.transport.queue, self._on_local_publish)
             self._stopping = True
             if handle_signals:
                 runtime.remove_signals()
             runtime.abandon()
         log.info("worker %s stopped: %s", self.worker_id, self.stats)
+
+    def _on_local_publish(self) -> None:
+        """A publish to this queue in this process (any thread): an idle worker claims at
+        once, without waiting for its next poll or asking with a read first."""
+        self._published_here = True
+        if self._runtime is not None:
+            self._runtime.wake()
 
     def _on_signal(self) -> None:
         log.info("worker %s: signal received, stopping", self.worker_id)
@@ -353,7 +363,10 @@ class AsyncWorker:
             if not self._pending and not extend and not retry_due:
                 if self._stopping and not self._running and not self._retry:
                     return
-                if slots <= 0 or (idle and not await self._worth_claiming(runtime)):
+                published_here, self._published_here = self._published_here, False
+                if slots <= 0 or (
+                    idle and not published_here and not await self._worth_claiming(runtime)
+                ):
                     await runtime.wait(self._next_wake(give_up_at, idle and slots > 0))
                     continue
             if self._pending and self._running and not self._stopping:

@@ -29,7 +29,7 @@ from .._protocol.sharding import (
     split_round,
 )
 from .._protocol.sql import NewMessage, Statement
-from .._runtime import FanOut, Same
+from .._runtime import LOCAL_PUBLISHES, FanOut, Same
 from ..errors import (
     BackendError,
     InvalidArgument,
@@ -236,6 +236,8 @@ class ShardRouter:
 
         results = self.on_many(list(parts), part)
         published = {n: r for n, r in results.items() if isinstance(r, list)}
+        if published:
+            LOCAL_PUBLISHES.published(self.core.names.queue)
         failed = [(n, r) for n, r in results.items() if isinstance(r, BaseException)]
         if failed and (len(parts) == 1 or (not published and _all_full(failed))):
             raise failed[0][1]  # nothing was written

@@ -331,11 +331,14 @@ class _Dashboard:
     async def _dead(self, request: Request) -> dict[str, Any]:
         group_id = request.query_params.get("group") or None
         limit = _int(request.query_params.get("limit"), PAGE, 1, MAX_BATCH)
-        letters = await self.q.dead_letters(limit, group_id=group_id)
+        after = request.query_params.get("after") or None
+        letters = await self.q.dead_letters(limit, group_id=group_id, after=after)
         return {
             "letters": letters,
             "group": group_id or "",
             "limit": limit,
+            "after": after or "",
+            "next_after": letters[-1].cursor if len(letters) == limit else None,
             "query": request.url.query,
         }
 
