@@ -112,6 +112,10 @@ def hot_batches(n: sql.Names) -> dict[str, sql.Batch]:
         "release": sql.release(n, "g5"),
         "requeue_dead": sql.requeue_dead(n, [1, 2], now=1.0),
         "purge_dead": sql.purge_dead(n, [1, 2]),
+        "dead_letters": sql.list_dead(n, limit=100, group_id=None),
+        "dead_letters of a group, after a cursor": sql.list_dead(
+            n, limit=100, group_id="g5", after=7
+        ),
         "peek": sql.peek(n, "g5", limit=10),
         "groups": sql.list_groups(n, now=5.0, limit=100),
         "groups after, with a prefix": sql.list_groups(

@@ -114,6 +114,16 @@ def test_every_cli_command_on_two_shards(rq: Cli, q: Transport, tmp_path: Path) 
     assert sorted(d["shard"] for d in letters) == ["a", "a", "b"]
     table = rq("dlq", "list")
     assert re.search(r"shard", table) and re.search(r"\ba\b.*" + ga, table)
+    assert [d["cursor"] for d in letters] == [f"{d['shard']}/{d['seq']}" for d in letters]
+    # dlq list --after: pages of one, each title naming the next page's cursor
+    cursors: list[str] = []
+    more: list[str] = []
+    while "no dead letters after that" not in (page := rq("dlq", "list", "--limit", "1", *more)):
+        found = re.search(r"more after: --after (\S+)\)", page)
+        assert found and len(cursors) < 3, page
+        cursors.append(found.group(1))
+        more = ["--after", found.group(1)]
+    assert cursors == [d["cursor"] for d in letters]
     # dlq requeue, purge: seqs are per shard, --shard says which
     on_a = [d["seq"] for d in letters if d["shard"] == "a"]
     on_b = [d["seq"] for d in letters if d["shard"] == "b"]
@@ -209,6 +219,9 @@ def test_every_dashboard_page_and_action_on_two_shards(
 
         def post(action: str, fields: dict[str, str]) -> None:
             done = http.post(f"/action/{action}", data=fields)
+            if done.status_code == 200:  # a destructive action's confirmation step
+                assert 'name="confirmed" value="yes"' in done.text, done.text
+                done = http.post(f"/action/{action}", data={**fields, "confirmed": "yes"})
             assert done.status_code == 303, (action, done.text)
 
         for path in ("/", "/groups", f"/group?id={ga}", "/dead", "/tenants", "/schedules"):
@@ -240,6 +253,20 @@ def test_every_dashboard_page_and_action_on_two_shards(
         (b1,) = [d for d in letters if d.shard == "b"]
         page = http.get("/dead").text
         assert "<th>shard</th>" in page
+        # the next-page links walk every dead letter once
+        rows: list[tuple[str, str]] = []
+        path = "/dead?limit=1"
+        while True:
+            got = http.get(path)
+            assert got.status_code == 200 and len(rows) <= 3, got.text
+            rows += re.findall(r'<tr data-seq="(\d+)" data-shard="(\w+)">', got.text)
+            link = re.search(r'<a id="next-page" href="([^"]+)"', got.text)
+            if link is None:
+                assert "No dead letters after this point" in got.text
+                break
+            path = html.unescape(link.group(1))
+        assert rows == [(str(d.seq), d.shard) for d in letters]
+        assert http.get("/dead", params={"after": "7"}).status_code == 400  # no shard
         post("requeue", row_forms(page, "a", a1.seq)["requeue"])
         post("purge", row_forms(page, "b", b1.seq)["purge"])
         assert [(d.shard, d.seq) for d in q.dead_letters()] == [("a", a2.seq)]

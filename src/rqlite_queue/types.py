@@ -75,6 +75,13 @@ class DeadLetter:
     shard: str = ""
     """The shard it is on (a sharded transport's; "" on one cluster): seqs are per shard."""
 
+    @property
+    def cursor(self) -> str:
+        """Where this dead letter stands in the listing: pass the last one's as
+        `dead_letters(after=...)` for the next page. Opaque; it names the shard on a sharded
+        queue (`"a/42"`), and is the seq on one cluster (`"42"`)."""
+        return f"{self.shard}/{self.seq}" if self.shard else str(self.seq)
+
 
 @dataclass(frozen=True, slots=True)
 class Stats:

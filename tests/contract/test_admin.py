@@ -250,3 +250,55 @@ async def test_admin_calls_refuse_bad_input_and_change_nothing(q: Any, call: Any
         await call(q)
     assert [(g.group_id, g.priority, g.depth) for g in await q.groups()] == [("g", 0, 1)]
     assert (await q.stats()).dead == 0
+
+
+# ----------------------------------------------------------------------------- dead_letters()
+
+
+async def test_dead_letters_page_by_cursor(q: Any) -> None:
+    """Pages from `after=` the last one's `DeadLetter.cursor` list every dead letter once, in
+    (seq, shard) order (seqs are per shard: two shards have the same seqs, and a page may end
+    between them), whatever is purged or requeued meanwhile."""
+    transport = getattr(q, "sync", q)
+    sharded = hasattr(transport, "shard_of")
+    await q.publish_many([(f"g{i % 12}", i) for i in range(24)])
+    while leases := await q.claim_many("w", 30, 12):
+        for lease in leases:
+            await q.dead_letter(lease, f"r{lease.event}")
+    everything = await q.dead_letters(1000)
+    assert len(everything) == 24
+    assert [(d.seq, d.shard) for d in everything] == sorted((d.seq, d.shard) for d in everything)
+    if sharded:
+        assert {d.shard for d in everything} == {"a", "b"}
+        assert everything[0].cursor == f"{everything[0].shard}/{everything[0].seq}"
+    else:
+        assert everything[0].cursor == str(everything[0].seq)
+
+    async def walk(size: int, **options: Any) -> list[list[Any]]:
+        pages, after = [], None
+        while page := await q.dead_letters(size, after=after, **options):
+            pages.append(page)
+            after = page[-1].cursor
+            assert len(pages) <= 24, "a page came back again"
+        return pages
+
+    for size in (1, 5, 24, 100):
+        pages = await walk(size)
+        assert [d for page in pages for d in page] == everything, size
+        assert all(len(page) == size for page in pages[:-1])
+    g3 = [d for d in everything if d.group_id == "g3"]
+    assert [d for page in await walk(1, group_id="g3") for d in page] == g3
+
+    # The cursor's own dead letter gone, and the next page's first requeued: the next page
+    # goes on from where the cursor stands.
+    first = await q.dead_letters(5)
+    gone, requeued = first[-1], everything[5]
+    assert await q.purge_dead([gone.seq], shard=gone.shard or None) == 1
+    assert await q.requeue_dead([requeued.seq], shard=requeued.shard or None) == 1
+    assert await q.dead_letters(5, after=first[-1].cursor) == everything[6:11]
+    assert await q.dead_letters(5, after=everything[-1].cursor) == []
+
+    other = "5" if sharded else "a/5"
+    for bad in ("", "x", "-1", "5/", "/5", "A/5", "a/b/5", other, 5, b"5"):
+        with pytest.raises(InvalidArgument):
+            await q.dead_letters(after=bad)

@@ -505,11 +505,16 @@ class AsyncTransport:
         await self.router.everywhere(self._core.set_paused(False), self._by(), "resume")
 
     async def dead_letters(
-        self, limit: int = 100, *, group_id: str | None = None
+        self, limit: int = 100, *, group_id: str | None = None, after: str | None = None
     ) -> list[DeadLetter]:
-        """The dead letters (of `group_id`), the oldest first."""
-        plan = self._core.dead_letters(limit, group_id)
-        merge = sharding.dead_letters_of(limit)
+        """A page of the dead letters (of `group_id`) in seq order (on a sharded queue, in
+        (seq, shard) order: seqs are per shard). For the next page, pass the last one's
+        `DeadLetter.cursor` as `after` (keyset paging: dead letters requeued or purged
+        between two pages never make a page repeat or skip one that was there all along)."""
+        sharded = isinstance(self.router, AsyncShardRouter)
+        cursor = None if after is None else sharding.parse_dead_cursor(after, sharded=sharded)
+        plan = self._core.dead_letters(limit, group_id, cursor)
+        merge = sharding.dead_letters_of(limit, cursor)
         if group_id is not None:
             return await self.router.on_group(group_id, plan, self._by(), merge=merge)
         return await self.router.gather(plan, self._by(), merge)

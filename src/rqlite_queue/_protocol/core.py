@@ -682,11 +682,19 @@ class QueueCore:
 
     # ------------------------------------------------------------------ dead letters
 
-    def dead_letters(self, limit: int, group_id: str | None) -> Plan[list[DeadLetter]]:
+    def dead_letters(
+        self, limit: int, group_id: str | None, after: tuple[int, str] | None = None
+    ) -> Plan[list[DeadLetter]]:
+        """A page from after the cursor `after` (`sharding.parse_dead_cursor`). A sharded
+        cursor's seq is read again on every shard (it comes after the cursor on the shards
+        named after the cursor's; `sharding.dead_letters_of` drops it from the others)."""
         check_int(limit, "limit", 1, MAX_BATCH)
         if group_id is not None:
             check_id(group_id, "group_id")
         self._now()
+        seq, shard = after if after is not None else (0, "")
+        if shard:
+            seq, limit = seq - 1, limit + 1
 
         def read(reply: sql.Reply) -> list[DeadLetter]:
             return [
@@ -703,7 +711,7 @@ class QueueCore:
                 for r in reply["dead"].rows
             ]
 
-        return Plan(sql.list_dead(self.names, limit=limit, group_id=group_id), read)
+        return Plan(sql.list_dead(self.names, limit=limit, group_id=group_id, after=seq), read)
 
     def requeue_dead(self, seqs: Sequence[int] | None) -> Plan[int]:
         batch = sql.requeue_dead(self.names, check_seqs(seqs), now=self._now())

@@ -29,6 +29,7 @@ from ..types import (
     Stats,
     TenantInfo,
 )
+from .checks import show
 from .params import FINISH, CheckedRound, Settlement
 from .retry import PROBE
 from .sql import NewMessage, OutboxRow
@@ -372,12 +373,44 @@ def tenants_of(limit: int) -> Callable[[Mapping[str, list[TenantInfo]], Sequence
     return merge
 
 
-def dead_letters_of(limit: int) -> Callable[[Mapping[str, list[DeadLetter]], Sequence[str]], Any]:
+def parse_dead_cursor(after: object, *, sharded: bool) -> tuple[int, str]:
+    """A `DeadLetter.cursor` as (seq, shard): the listing's order is (seq, shard) (seqs
+    are per shard; one cluster's shard is ""). A sharded queue's cursor names its shard,
+    one cluster's does not: each is refused by the other."""
+    if not isinstance(after, str) or not _CURSOR.fullmatch(after):
+        raise InvalidArgument(
+            f"after must be a dead letter's cursor (DeadLetter.cursor), got {show(after)}"
+        )
+    shard, _, seq = after.rpartition("/")
+    if shard:
+        check_shard_name(shard)
+    if sharded and not shard:
+        raise InvalidArgument(
+            f"after={after!r}: on a sharded queue a cursor names its shard "
+            "(DeadLetter.cursor, 'shard/seq')"
+        )
+    if shard and not sharded:
+        raise InvalidArgument(f"after={after!r}: a sharded queue's cursor; this queue has one")
+    return int(seq), shard
+
+
+_CURSOR = re.compile(r"([a-z0-9][a-z0-9_.:-]{0,62}/)?[0-9]{1,19}")
+
+
+def dead_letters_of(
+    limit: int, after: tuple[int, str] | None = None
+) -> Callable[[Mapping[str, list[DeadLetter]], Sequence[str]], Any]:
+    """The shards' pages merged in (seq, shard) order, from after the cursor `after`: each
+    shard sent its first rows from the cursor's seq on (that seq included: on a shard named
+    after the cursor's, it comes after the cursor)."""
+
     def merge(results: Mapping[str, list[DeadLetter]], down: Sequence[str]) -> list[DeadLetter]:
-        pages = [
-            [dataclasses.replace(d, shard=name) for d in page] for name, page in results.items()
+        letters = [
+            dataclasses.replace(d, shard=name) for name, page in results.items() for d in page
         ]
-        return merge_sorted(pages, key=lambda d: (d.dead_at, d.shard, d.seq), limit=limit)
+        if after is not None:
+            letters = [d for d in letters if (d.seq, d.shard) > after]
+        return merge_sorted([letters], key=lambda d: (d.seq, d.shard), limit=limit)
 
     return merge
 

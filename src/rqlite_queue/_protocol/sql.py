@@ -1678,15 +1678,19 @@ def _seq_filter(seqs: Sequence[int] | None) -> tuple[str, dict[str, Any]]:
     return "WHERE seq IN (SELECT j.value FROM json_each(:seqs) j)", {"seqs": _json(list(seqs))}
 
 
-def list_dead(n: Names, *, limit: int, group_id: str | None) -> Batch:
-    where, params = ("", {})
+def list_dead(n: Names, *, limit: int, group_id: str | None, after: int = 0) -> Batch:
+    """A page of the dead letters in seq order, from after seq `after` (keyset pagination:
+    a range of the primary key)."""
+    where = "seq > :after"
+    params: dict[str, Any] = {"after": after, "limit": limit}
     if group_id is not None:
-        where, params = f"WHERE group_id = {_TEXT.format(name='g')}", {"g": _json(group_id)}
+        where += f" AND group_id = {_TEXT.format(name='g')}"
+        params["g"] = _json(group_id)
     b = _Builder(write=False)
     b.add(
         f"SELECT seq, group_id, event, priority, attempts, reason, published_at, dead_at "
-        f"FROM {n.dead} {where} ORDER BY seq LIMIT :limit",
-        {**params, "limit": limit},
+        f"FROM {n.dead} WHERE {where} ORDER BY seq LIMIT :limit",
+        params,
         slot="dead",
     )
     return b.build()

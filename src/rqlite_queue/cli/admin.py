@@ -202,21 +202,28 @@ def _dead_table(letters: Sequence[DeadLetter]) -> Table:
     "--limit", type=click.IntRange(min=1), default=100, show_default=True, help="At most this many."
 )
 @click.option("--group", "group_id", help="Only this group's dead letters.")
+@click.option(
+    "--after",
+    metavar="CURSOR",
+    help="Start after this dead letter (the next page: the title of a full page says which).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines instead of a table.")
 @click.pass_obj
-def dlq_list(config: Config, limit: int, group_id: str | None, as_json: bool) -> int:
+def dlq_list(
+    config: Config, limit: int, group_id: str | None, after: str | None, as_json: bool
+) -> int:
     """List dead letters (in seq order) with their reasons."""
     with config.transport() as queue:
-        letters = queue.dead_letters(limit, group_id=group_id)
+        letters = queue.dead_letters(limit, group_id=group_id, after=after)
     if as_json:
         for letter in letters:
-            click.echo(_json(dataclasses.asdict(letter)))
+            click.echo(_json({**dataclasses.asdict(letter), "cursor": letter.cursor}))
     elif not letters:
-        click.echo("no dead letters")
+        click.echo("no dead letters" + (" after that" if after else ""))
     else:
         title = f"{len(letters)} dead letters"
         if len(letters) == limit:
-            title += " (--limit reached: there may be more)"
+            title += f" (more after: --after {letters[-1].cursor})"
         _stdout().print(title, _dead_table(letters), sep="\n")
     return 0
 
