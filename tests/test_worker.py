@@ -820,3 +820,31 @@ def test_a_publish_in_the_same_process_wakes_an_idle_worker_at_once(
     publisher.close()
     assert started and started[0] - published[0] < 1.0
     assert worker.stats.claimed == 1
+
+
+def test_the_idle_poll_is_quick_for_a_second_after_work_then_slows(tmp_path: Path) -> None:
+    """Reads only: every 10 ms for a second after the last message, then every
+    `poll_interval` (0.2 s here)."""
+    q = Transport.from_url(f"sqlite:///{tmp_path}/q.db")
+    handled: list[float] = []
+    worker = Worker(q, lambda lease: handled.append(time.monotonic()), poll_interval=0.2)
+    thread = threading.Thread(target=worker.run, kwargs={"handle_signals": False})
+    thread.start()
+    time.sleep(0.3)
+    q.publish("g", 1)  # (a publish of this process: picked up at once)
+    deadline = time.monotonic() + 5
+    while not handled and time.monotonic() < deadline:
+        time.sleep(0.005)
+    probes, rounds = worker.stats.probes, worker.stats.rounds
+    time.sleep(0.6)
+    quick = worker.stats.probes - probes
+    time.sleep(1.0)  # (the quick second is over)
+    probes = worker.stats.probes
+    time.sleep(1.0)
+    slow = worker.stats.probes - probes
+    worker.stop()
+    thread.join(10)
+    q.close()
+    assert quick >= 20, quick  # ~ every 10 ms
+    assert slow <= 7, slow  # ~ every 0.2 s
+    assert worker.stats.rounds <= rounds + 1  # reads only (the ack's round at most)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import os
 import random
 import socket
@@ -48,6 +49,10 @@ SCHEDULE_CHECK = 1.0
 its polls)."""
 EWMA = 0.2
 """The weight of the latest measure in the running means of handler and round-trip times."""
+QUICK_POLL = 0.01
+QUICK_POLL_FOR = 1.0
+"""For this long after its last message, an idle worker polls every QUICK_POLL seconds (work
+tends to come in bursts), then every `poll_interval`."""
 
 
 @dataclass
@@ -250,6 +255,8 @@ class AsyncWorker:
         self._began: dict[tuple[str, int], float] = {}
         self._next_give_back = 0.0
         self._published_here = False
+        self._last_work = -math.inf
+        """When a round last claimed something (monotonic)."""
         self._handler_seconds: float | None = None
         self._round_seconds: float | None = None
         """Running means (EWMA) of a handler's time and of a round trip's."""
@@ -426,6 +433,8 @@ class AsyncWorker:
             if until_empty and idle and not self._running and not settling:
                 return
             claimed_at = time.monotonic()
+            if result.leases:
+                self._last_work = claimed_at
             for lease in result.leases:
                 key = (lease.group_id, lease.seq)
                 self._running[key] = lease
@@ -504,7 +513,8 @@ class AsyncWorker:
         now = time.monotonic()
         wait = self.heartbeat_interval
         if polling:
-            wait = min(wait, self.poll_interval)
+            quick = now - self._last_work < QUICK_POLL_FOR
+            wait = min(wait, self.poll_interval, QUICK_POLL if quick else math.inf)
             if self._next_due is not None:
                 # A lease, park or delay ends, or a rate-limited tenant gets its next token,
                 # before the next poll: wake then, not a poll later.
