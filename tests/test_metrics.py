@@ -111,6 +111,38 @@ def test_counters_and_depth_move_after_work(
             httpx.get(endpoint, timeout=2)
 
 
+def test_paused_held_delayed_and_oldest_age_per_priority(url: str, queue_name: str) -> None:
+    """The gauges an operator alerts on (docs/alerts.md): whether the queue is paused, the
+    groups held and waiting for a delayed head, and each priority's oldest message."""
+    with Transport.from_url(url, queue=queue_name) as queue:
+        queue.publish("old", 1, priority=3)
+        time.sleep(0.5)
+        queue.publish_many([("a", 1), ("a", 2), ("h", 1), ("later-too", 1)])
+        queue.publish("later", 1, delay=3600)  # a group whose head is not due
+        queue.publish("a", 3, delay=3600)  # behind a head that is: not a delayed group
+        queue.hold_group("h")
+        worker = Worker(queue, handler, poll_interval=0.02)
+        with serve_metrics(worker, 0, host="127.0.0.1", stats_interval=0) as server:
+            endpoint = f"http://127.0.0.1:{server.port}/metrics"
+            text = httpx.get(endpoint, timeout=5).text
+            assert value(text, "rqlite_queue_paused") == 0
+            assert value(text, "rqlite_queue_held_groups") == 1
+            assert value(text, "rqlite_queue_delayed_groups") == 1
+            age = {
+                p: value(text, "rqlite_queue_priority_oldest_age_seconds", priority=str(p))
+                for p in range(5)
+            }
+            assert age[3] >= 0.5 and age[3] > age[0] > 0
+            assert age[1] == age[2] == age[4] == 0
+            assert value(text, "rqlite_queue_oldest_age_seconds") == pytest.approx(age[3], abs=0.2)
+            queue.pause()
+            queue.release_group("h")
+            text = httpx.get(endpoint, timeout=5).text
+            assert value(text, "rqlite_queue_paused") == 1
+            assert value(text, "rqlite_queue_held_groups") == 0
+            queue.resume()
+
+
 async def test_async_worker_metrics(tmp_path: Path, queue_name: str) -> None:
     queue = await AsyncTransport.from_url(f"sqlite:///{tmp_path}/q.db", queue=queue_name)
     async with queue:

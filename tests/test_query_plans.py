@@ -203,6 +203,35 @@ def test_no_full_scan(name: str, backend: str, request: pytest.FixtureRequest) -
     assert full_scans(execute, hot_batches(sql.Names.of("plans"))[name]) == []
 
 
+def metrics_reads(n: sql.Names) -> dict[str, sql.Batch]:
+    """The reads `stats()` added for the Prometheus gauges (issue 24), each alone: the count of
+    groups waiting for a delayed head, and the pass over the groups per priority that now
+    also finds each priority's oldest head."""
+    stats = sql.stats(n, now=5.0)
+    return {
+        slot: sql.Batch((stats.statements[stats.slots[slot]],), write=False)
+        for slot in ("delayed_groups", "by_priority")
+    }
+
+
+# The one full pass `stats()` made over the groups before (their depth per priority): the
+# oldest head per priority rides on it, one index probe per group, and adds no pass.
+STATS_GROUPS_PASS = ["SCAN g"]
+
+
+@pytest.mark.parametrize("name", list(metrics_reads(sql.Names.of("plans"))))
+@pytest.mark.parametrize("backend", ["sqlite", "rqlite"])
+def test_the_metrics_reads_are_index_driven(
+    name: str, backend: str, request: pytest.FixtureRequest
+) -> None:
+    execute: Execute = request.getfixturevalue(f"{backend}_execute")
+    found = [
+        scan.rpartition(": ")[2]
+        for scan in full_scans(execute, metrics_reads(sql.Names.of("plans"))[name])
+    ]
+    assert found == (STATS_GROUPS_PASS if name == "by_priority" else [])
+
+
 def test_the_checker_sees_a_full_scan(sqlite_execute: Execute) -> None:
     """The seed's claim scans the messages table: the check above would catch it."""
     n = sql.Names.of("plans")

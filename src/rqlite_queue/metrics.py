@@ -32,6 +32,10 @@ linearizable read on rqlite). Every metric has a `queue` label:
 | `rqlite_queue_groups`, `..._in_flight_groups`, `..._parked_groups` | gauge | groups |
 | `rqlite_queue_dead_letters` | gauge | messages in the dead-letter table |
 | `rqlite_queue_oldest_age_seconds` | gauge | age of the oldest queued message |
+| `rqlite_queue_priority_oldest_age_seconds{priority}` | gauge | ...per group priority (0: none) |
+| `rqlite_queue_paused` | gauge | 1 while the queue is paused, else 0 |
+| `rqlite_queue_held_groups` | gauge | groups held (never claimed until released) |
+| `rqlite_queue_delayed_groups` | gauge | groups whose head is a delayed message not due yet |
 | `rqlite_queue_stats_errors_total` | counter | scrapes whose `stats()` call failed |
 | `rqlite_queue_shard_up{shard}` | gauge | sharded: 1 while the shard answers, else 0 |
 | `rqlite_queue_shard_depth{shard}` | gauge | sharded: messages on each shard that answered |
@@ -285,6 +289,24 @@ class WorkerCollector:
         oldest = GaugeMetricFamily(
             f"{PREFIX}_oldest_age_seconds", "Age of the oldest queued message.", labels=["queue"]
         )
+        oldest_by_priority = GaugeMetricFamily(
+            f"{PREFIX}_priority_oldest_age_seconds",
+            "Age of the oldest queued message of each group priority (0: none queued).",
+            labels=["queue", "priority"],
+        )
+        paused = GaugeMetricFamily(
+            f"{PREFIX}_paused",
+            "1 while the queue is paused (claims take nothing).",
+            labels=["queue"],
+        )
+        held = GaugeMetricFamily(
+            f"{PREFIX}_held_groups", "Groups held (never claimed until released).", labels=["queue"]
+        )
+        delayed = GaugeMetricFamily(
+            f"{PREFIX}_delayed_groups",
+            "Groups whose head is a delayed message not due yet.",
+            labels=["queue"],
+        )
         if snapshot is not None:
             for priority in PRIORITIES:
                 depth.add_metric([*queue, str(priority)], snapshot.by_priority.get(priority, 0))
@@ -293,7 +315,14 @@ class WorkerCollector:
             parked.add_metric(queue, snapshot.parked)
             dead.add_metric(queue, snapshot.dead)
             oldest.add_metric(queue, snapshot.oldest_age or 0.0)
-        yield from (depth, groups, leased, parked, dead, oldest)
+            for priority in PRIORITIES:
+                age = snapshot.oldest_by_priority.get(priority, 0.0)
+                oldest_by_priority.add_metric([*queue, str(priority)], age)
+            paused.add_metric(queue, 1 if snapshot.paused else 0)
+            held.add_metric(queue, snapshot.held)
+            delayed.add_metric(queue, snapshot.delayed_groups)
+        yield from (depth, groups, leased, parked, dead, oldest, oldest_by_priority)
+        yield from (paused, held, delayed)
         yield from self._tenant_families(snapshot)
         yield from self._shard_families(snapshot, with_samples)
 

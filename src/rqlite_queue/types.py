@@ -122,6 +122,13 @@ class Stats:
     tenants_on: bool = False
     """The queue's tenants are on: its claims share by weight (`set_tenant`,
     `set_tenant_rule` or a publish naming a tenant turned them on)."""
+    delayed_groups: int = 0
+    """Groups whose head is a delayed message not due yet (the `delayed` state of
+    `groups()`)."""
+    oldest_by_priority: dict[int, float] = field(default_factory=dict, compare=False)
+    """Seconds since the oldest message still queued (the lowest seq) of each group priority
+    was published, for the priorities that have messages. Left out of `==`: it changes with
+    the clock alone."""
 
 
 @dataclass(frozen=True, slots=True)

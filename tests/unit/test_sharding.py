@@ -118,12 +118,29 @@ def stats(**fields: object) -> Stats:
 def test_stats_add_up_over_shards() -> None:
     merged = merge_stats(
         [
-            stats(depth=3, groups=2, oldest_age=5.0, by_priority={0: 3}, last_seq=10),
-            stats(depth=4, groups=1, oldest_age=9.0, by_priority={0: 1, 4: 3}, paused=True),
+            stats(
+                depth=3,
+                groups=2,
+                oldest_age=5.0,
+                by_priority={0: 3},
+                last_seq=10,
+                delayed_groups=1,
+                oldest_by_priority={0: 5.0},
+            ),
+            stats(
+                depth=4,
+                groups=1,
+                oldest_age=9.0,
+                by_priority={0: 1, 4: 3},
+                paused=True,
+                delayed_groups=2,
+                oldest_by_priority={0: 2.0, 4: 9.0},
+            ),
         ]
     )
     assert (merged.depth, merged.groups, merged.oldest_age, merged.last_seq) == (7, 3, 9.0, 10)
     assert merged.by_priority == {0: 4, 4: 3} and merged.paused
+    assert merged.delayed_groups == 3 and merged.oldest_by_priority == {0: 5.0, 4: 9.0}
 
 
 def test_probes_combine() -> None:

@@ -737,7 +737,7 @@ class QueueCore:
                 parked=int(parked),
                 dead=int(dead),
                 oldest_age=None if oldest is None else max(0.0, now - float(oldest)),
-                by_priority={int(p): int(c) for p, c in reply["by_priority"].rows},
+                by_priority={int(p): int(c) for p, c, _ in reply["by_priority"].rows},
                 held=int(held),
                 delayed=int(delayed),
                 expired=int(expired or 0),
@@ -745,6 +745,12 @@ class QueueCore:
                 last_seq=int(last_seq or 0),
                 outbox=int(outbox or 0),
                 tenants_on=bool(tenants_on),
+                delayed_groups=int(reply["delayed_groups"].rows[0][0]),
+                oldest_by_priority={
+                    int(p): max(0.0, now - float(at))
+                    for p, _, at in reply["by_priority"].rows
+                    if at is not None
+                },
             )
 
         return Plan(sql.stats(self.names, now=now), read)

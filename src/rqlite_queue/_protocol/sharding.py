@@ -281,9 +281,12 @@ def merge_stats(stats: Iterable[Stats]) -> Stats:
     stats = list(stats)
     ages = [s.oldest_age for s in stats if s.oldest_age is not None]
     by_priority: dict[int, int] = {}
+    oldest_by_priority: dict[int, float] = {}
     for s in stats:
         for priority, count in s.by_priority.items():
             by_priority[priority] = by_priority.get(priority, 0) + count
+        for priority, age in s.oldest_by_priority.items():
+            oldest_by_priority[priority] = max(age, oldest_by_priority.get(priority, age))
     return Stats(
         depth=sum(s.depth for s in stats),
         groups=sum(s.groups for s in stats),
@@ -299,6 +302,8 @@ def merge_stats(stats: Iterable[Stats]) -> Stats:
         last_seq=sum(s.last_seq for s in stats),
         outbox=sum(s.outbox for s in stats),
         tenants_on=any(s.tenants_on for s in stats),
+        delayed_groups=sum(s.delayed_groups for s in stats),
+        oldest_by_priority=dict(sorted(oldest_by_priority.items())),
     )
 
 

@@ -1871,6 +1871,12 @@ def stats(n: Names, *, now: float) -> Batch:
         {"now": now},
         slot="counts",
     )
+    # The groups waiting for a delayed head: a range of the busy index.
+    b.add(
+        f"SELECT count(*) FROM {n.groups} WHERE ready = 0 AND parked = 2 AND until > :now",
+        {"now": now},
+        slot="delayed_groups",
+    )
     # Short statements (see the top): the counters apart.
     b.add(
         f"SELECT (SELECT value FROM {n.meta} WHERE \"key\" = 'expired'), {_paused(n)}, "
@@ -1881,10 +1887,14 @@ def stats(n: Names, *, now: float) -> Batch:
     )
     # Per group, its range of the messages index (index-only, no table row read): 2.7x
     # cheaper than joining every message to its group, at 1M messages in 100k groups.
+    # And the oldest head per priority, from the same range (its first entry): the seq, then
+    # once per priority the message's row.
     b.add(
-        f"SELECT priority, sum((SELECT count(*) FROM {n.messages} m "
-        f"WHERE m.group_id = g.group_id)) c FROM {n.groups} g WHERE ready != 2 "
-        f"GROUP BY priority HAVING c > 0 ORDER BY priority",
+        f"SELECT priority, c, (SELECT published_at FROM {n.messages} WHERE seq = h) FROM "
+        f"(SELECT priority, sum((SELECT count(*) FROM {n.messages} m "
+        f"WHERE m.group_id = g.group_id)) c, min((SELECT min(seq) FROM {n.messages} m "
+        f"WHERE m.group_id = g.group_id)) h FROM {n.groups} g WHERE ready != 2 "
+        f"GROUP BY priority HAVING c > 0) ORDER BY priority",
         slot="by_priority",
     )
     return b.build()
