@@ -358,7 +358,8 @@ def test_setting_a_tenants_weight(rqlite_cluster3: Cluster, queue_name: str, q: 
         assert form, "an actions dashboard has the weight form"
         assert 'action="/action/set_tenant_weight"' in form.group(0)
         assert re.findall(r'<option value="([^"]*)"', form.group(0)) == ["", "acme"]
-        assert "<label>weight" in form.group(0) and "<label>tenant" in form.group(0)
+        assert '<label for="weight-value">Weight</label>' in form.group(0)
+        assert '<label for="weight-tenant">Tenant</label>' in form.group(0)
         token = re.search(r'name="csrf" value="([^"]+)"', form.group(0))
         assert token
         good = {"csrf": token.group(1), "tenant": "acme", "weight": "2.5", "next": "/tenants"}
@@ -501,9 +502,13 @@ def test_cancel_and_requeue_through_the_ui(
         page.on("dialog", lambda dialog: dialog.accept())
         page.goto(base + "/group?id=order-1")
         shot(page, "group")
-        page.fill("input[name=reason]", "refunded")
+        page.get_by_label("Reason for its dead letters").fill("refunded")
         page.wait_for_timeout(1500)  # live refreshes must not wipe what the operator typed
         page.click('[data-action="cancel"]')
+        page.wait_for_selector("#confirm")  # a page that asks first: nothing done yet
+        assert "its 2 messages become dead letters" in page.locator("#confirm").inner_text()
+        assert q.dead_letters(group_id="order-1") == []
+        page.click('[data-confirmed="yes"]')
         page.wait_for_url(re.compile(r"/group\?id=order-1"))
         dead = q.dead_letters(group_id="order-1")
         assert [(d.event, d.reason) for d in dead] == [
@@ -516,7 +521,7 @@ def test_cancel_and_requeue_through_the_ui(
         shot(page, "dead-letters")
         row = page.locator(f'#dead-table tr[data-seq="{dead[0].seq}"]')
         row.locator('[data-action="requeue"]').click()
-        page.wait_for_url(re.compile(r"/dead$"))
+        page.wait_for_url(re.compile(r"/dead(\?|$)"))
         assert page.locator(f'#dead-table tr[data-seq="{dead[0].seq}"]').count() == 0
         assert [e for _, e in q.peek("order-1")] == [{"step": "charge"}]
         assert page.evaluate("window.__xss") is None

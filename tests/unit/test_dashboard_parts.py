@@ -4,6 +4,8 @@ page writes numbers and limits and reads a weight."""
 
 from __future__ import annotations
 
+import calendar
+
 import pytest
 
 pytest.importorskip("starlette", reason="the dashboard extra is not installed")
@@ -11,7 +13,7 @@ pytest.importorskip("starlette", reason="the dashboard extra is not installed")
 from rqlite_queue import InvalidArgument
 from rqlite_queue._protocol.http import applied_index, parse_nodes
 from rqlite_queue.dashboard.app import _num, _rate_limit, _weight
-from rqlite_queue.dashboard.history import History, polyline
+from rqlite_queue.dashboard.history import History, chart, covered
 from rqlite_queue.types import Stats, TenantInfo
 
 
@@ -38,11 +40,61 @@ def test_history_keeps_its_window_and_samples_at_its_pace() -> None:
     assert not history.due(29.0) and history.due(30.0)
 
 
-def test_polyline_spans_the_box() -> None:
-    assert polyline([], 600, 120, 1.0) == ""
-    assert polyline([(0.0, 0.0), (5.0, 5.0), (10.0, 10.0)], 600, 120, 10.0) == (
-        "0.0,120.0 300.0,60.0 600.0,0.0"
-    )
+T0 = float(calendar.timegm((2026, 12, 2, 1, 0, 0)))  # 01:00:00 UTC
+
+
+def test_a_chart_spans_its_window_with_clock_ticks_and_a_value_axis() -> None:
+    """The samples cover the last 4 minutes of a 10-minute window: the time axis still runs
+    over the 10 minutes (the line starts at 60 % of the width), with ticks at round clock
+    times; the value axis goes from 0 to a round number above the largest value."""
+    points = [(T0 + 360 + 2 * i, float(i)) for i in range(121)]  # 01:06:00 to 01:10:00, 0..120
+    c = chart([("depth", points)], start=T0, end=T0 + 600, gap=6, unit="messages")
+    assert c.left == 64 and c.plot_width == 640 - 64 - 12
+    ((cls, (line,)),) = c.series
+    first, last = line.split()[0], line.split()[-1]
+    assert cls == "depth" and first == f"{64 + 0.6 * c.plot_width:.1f},{c.plot_bottom:.1f}"
+    assert last.startswith(f"{64 + c.plot_width:.1f},")
+    assert [t.label for t in c.time_ticks] == ["01:00", "01:02", "01:04", "01:06", "01:08", "01:10"]
+    assert c.time_ticks[0].at == 64 and c.time_ticks[-1].at == 64 + c.plot_width
+    assert c.top_value == 150 and [t.label for t in c.value_ticks] == ["0", "50", "100", "150"]
+    assert c.value_ticks[0].at == c.plot_bottom and c.value_ticks[-1].at == 10
+    assert c.unit == "messages"
+
+
+def test_a_chart_breaks_its_lines_where_no_sample_was_taken() -> None:
+    points = [(T0 + t, 1.0) for t in (0, 2, 4, 100, 102, 300)]
+    c = chart([("done", points), ("published", [])], start=T0, end=T0 + 600, gap=6, unit="msg/s")
+    (_, done), (_, published) = c.series
+    assert [len(line.split()) for line in done] == [3, 2, 1] and published == []
+    assert c.top_value == 1 and [t.label for t in c.value_ticks] == [
+        "0",
+        "0.25",
+        "0.5",
+        "0.75",
+        "1",
+    ]
+
+
+def test_a_short_chart_ticks_seconds_and_an_empty_one_has_an_axis() -> None:
+    c = chart([("depth", [])], start=T0 + 5, end=T0 + 65, gap=6, unit="messages")
+    assert [t.label for t in c.time_ticks] == [
+        "01:00:10",
+        "01:00:20",
+        "01:00:30",
+        "01:00:40",
+        "01:00:50",
+        "01:01:00",
+    ]
+    assert c.top_value == 1 and c.series == [("depth", [])]
+
+
+def test_the_history_says_what_it_covers() -> None:
+    history = History(window=600, every=2)
+    assert covered(history, T0).startswith("no samples yet")
+    history.add(T0 + 3, stats(0, 0))
+    history.add(T0 + 243, stats(0, 0))
+    assert covered(history, T0 + 245) == "since 01:00:03 UTC (4 min of samples, one every 2 s)"
+    assert covered(history, T0 + 40) == "since 01:00:03 UTC (37 s of samples, one every 2 s)"
 
 
 def test_nodes_in_both_of_rqlites_shapes() -> None:

@@ -33,11 +33,20 @@ from .. import AsyncTransport
 from ..errors import InvalidArgument, LeaseLost, QueueError, Unavailable
 from ..timefmt import duration, utc
 from ..types import GROUP_STATES, MAX_BATCH, MAX_PRIORITY, TenantInfo
-from .history import History, polyline
+from .history import History, chart, covered
 from .security import Access, Csrf, Hosts, Throttle, origin_of, origins
 
 PAGE = 50
 """Rows per page of groups, tenants and dead letters."""
+
+DESTRUCTIVE = {
+    "cancel": "Yes, cancel the group",
+    "purge": "Yes, delete the dead letter",
+    "purge_all": "Yes, delete every dead letter",
+    "requeue_all": "Yes, requeue every dead letter",
+}
+"""Actions that cannot be undone (or move everything): a first POST shows a page asking to
+confirm, the second (`confirmed=yes`) does it. Each one's confirm button."""
 
 _HERE = __file__.rsplit("/", 1)[0]
 
@@ -256,20 +265,31 @@ class _Dashboard:
         if self.history.due(now):
             self.history.add(now, stats)
         rates = self.history.rates()
-        depth_points = [(s.at, float(s.depth)) for s in self.history.samples]
-        top_depth = max((v for _, v in depth_points), default=0.0) or 1.0
-        top_rate = max((max(r.published, r.done) for r in rates), default=0.0) or 1.0
+        start, gap = now - self.history.window, 3 * self.history.every
         return {
             "stats": stats,
             "priorities": [(p, stats.by_priority.get(p, 0)) for p in range(MAX_PRIORITY + 1)],
             "nodes": nodes,
-            "depth_line": polyline(depth_points, 600, 120, top_depth),
-            "top_depth": top_depth,
-            "published_line": polyline([(r.at, r.published) for r in rates], 600, 120, top_rate),
-            "done_line": polyline([(r.at, r.done) for r in rates], 600, 120, top_rate),
-            "top_rate": top_rate,
+            "depth_chart": chart(
+                [("depth", [(s.at, float(s.depth)) for s in self.history.samples])],
+                start=start,
+                end=now,
+                gap=gap,
+                unit="messages",
+            ),
+            "rate_chart": chart(
+                [
+                    ("published", [(r.at, r.published) for r in rates]),
+                    ("done", [(r.at, r.done) for r in rates]),
+                ],
+                start=start,
+                end=now,
+                gap=gap,
+                unit="msg/s",
+            ),
             "last_rate": rates[-1] if rates else None,
             "minutes": self.history.window / 60,
+            "covered": covered(self.history, now),
         }
 
     async def overview(self, request: Request) -> Response:
@@ -398,11 +418,52 @@ class _Dashboard:
         run = self._actions().get(name)
         if run is None:
             return PlainTextResponse(f"no such action: {name}", status_code=404)
-        await run(form)
         back = str(form.get("next") or "/")
         if not back.startswith("/") or back.startswith("//"):
             back = "/"
+        if name in DESTRUCTIVE and form.get("confirmed") != "yes":
+            return await self._confirm(request, name, form, back)
+        await run(form)
         return RedirectResponse(request.scope.get("root_path", "") + back, status_code=303)
+
+    async def _confirm(self, request: Request, name: str, form: FormData, back: str) -> Response:
+        """The confirmation step of a destructive action, without script: a page saying what
+        it will do, whose form posts the same fields again with `confirmed=yes` (and the
+        session's CSRF token); nothing changed yet."""
+        fields = [
+            (key, str(value))
+            for key, value in form.multi_items()
+            if key not in ("csrf", "confirmed", "next") and isinstance(value, str)
+        ]
+        group_id = str(form.get("group_id", ""))
+        what: str
+        if name == "cancel":
+            found = await self.q.groups(prefix=group_id, limit=1) if group_id else []
+            depth = found[0].depth if found and found[0].group_id == group_id else 0
+            reason = str(form.get("reason") or "cancelled")
+            what = (
+                f"Cancel group {group_id}: its {depth} message{'s' * (depth != 1)} become dead "
+                f"letters with the reason “{reason}”, and a lease in flight on it is lost."
+            )
+        elif name == "purge":
+            seqs = ", ".join(str(v) for v in form.getlist("seq"))
+            what = f"Delete dead letter {seqs} for good: it cannot be requeued afterwards."
+        else:
+            dead = (await self.q.stats()).dead
+            what = (
+                f"Delete every dead letter ({dead}) for good: none can be requeued afterwards."
+                if name == "purge_all"
+                else f"Publish every dead letter ({dead}) again to its group, at the back."
+            )
+        return self._page(
+            request,
+            "confirm.html",
+            action=name,
+            label=DESTRUCTIVE[name],
+            what=what,
+            fields=fields,
+            back=back,
+        )
 
     def _actions(self) -> dict[str, Callable[[FormData], Awaitable[Any]]]:
         q = self.q
