@@ -72,10 +72,10 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
 def up(n: int, data_dir: Path | None, http_port: int | None) -> int:
     """Start a local cluster of N rqlited nodes (default 3) until Ctrl-C.
 
-    Uses the rqlited that 'rqlite-queue rqlited' finds (or builds). The nodes
-    listen on 127.0.0.1, on free ports unless --http-port, and keep their data in a temporary
-    directory removed when the cluster stops, unless --data-dir; prints the --url to give the
-    other commands."""
+    Uses the rqlited that 'rqlite-queue rqlited' finds; it never builds one (run
+    'rqlite-queue rqlited' first for that). The nodes listen on 127.0.0.1, on free ports
+    unless --http-port, and keep their data in a temporary directory removed when the
+    cluster stops, unless --data-dir; prints the --url to give the other commands."""
     from ..local_cluster import Cluster, ClusterError
 
     try:

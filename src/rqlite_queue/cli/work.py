@@ -130,6 +130,13 @@ class HandlerParam(click.ParamType):  # type: ignore[type-arg]
     "None): published with its ack, in the same transaction, exactly once.",
 )
 @click.option(
+    "--schedules/--no-schedules",
+    default=True,
+    show_default=True,
+    help="Publish the queue's due schedule ticks between claims (--no-schedules: leave them "
+    "to other workers or 'rqlite-queue scheduler').",
+)
+@click.option(
     "--burst",
     is_flag=True,
     help="Stop (exit 0) once a claim finds nothing and every handler has finished.",
@@ -159,6 +166,7 @@ def worker(
     non_retryable: tuple[Any, ...],
     hold_on_dead_letter: bool,
     follow_ups: bool,
+    schedules: bool,
     burst: bool,
     metrics_port: int | None,
     metrics_host: str,
@@ -193,6 +201,7 @@ def worker(
         "non_retryable": non_retryable,
         "hold_group_on_dead_letter": hold_on_dead_letter,
         "follow_ups": follow_ups,
+        "schedules": schedules,
     }
     _state.exit_hard = True
     run = {"until_empty": burst}
