@@ -94,6 +94,30 @@ def test_every_cli_command_on_two_shards(rq: Cli, q: Transport, tmp_path: Path) 
     listed = [json.loads(line) for line in rq("groups", "--json").splitlines()]
     assert {(g["group_id"], g["shard"]) for g in listed} == {(ga, "a"), (gb, "b")}
     assert ga in rq("groups") and gb in rq("groups")
+    # publish's options route to the group's shard too; groups filters and pages
+    gd, gt = on_shard(q, "b", "d"), on_shard(q, "a", "t")
+    rq("publish", gd, "1", "--delay", "3600", "--ttl", "7200")
+    rq("publish", gt, "1", "--tenant", "acme", "--debounce", "k", "--delay", "3600")
+    rq("publish", gt, "2", "--tenant", "acme", "--debounce", "k", "--delay", "3600")
+    assert q.stats().by_shard == {"a": 3, "b": 2}
+    delayed = [
+        json.loads(line) for line in rq("groups", "--state", "delayed", "--json").splitlines()
+    ]
+    assert {(g["group_id"], g["shard"], g["depth"]) for g in delayed} == {
+        (gd, "b", 1),
+        (gt, "a", 1),
+    }
+    first = rq("groups", "--limit", "1")
+    after = re.search(r"--after '([^']+)'", first)
+    assert after, first
+    rest = [
+        json.loads(line)["group_id"]
+        for line in rq("groups", "--after", after.group(1), "--json").splitlines()
+    ]
+    assert len(rest) == 3 and after.group(1) not in rest
+    rq("group", "cancel", gd, "--yes")
+    rq("group", "cancel", gt, "--yes")
+    rq("dlq", "purge", "--yes")
     # pause, resume
     rq("pause")
     assert q.stats().paused and q.claim("w", 30) is None
@@ -112,6 +136,8 @@ def test_every_cli_command_on_two_shards(rq: Cli, q: Transport, tmp_path: Path) 
     # dlq list: every row names its shard
     letters = [json.loads(line) for line in rq("dlq", "list", "--json").splitlines()]
     assert sorted(d["shard"] for d in letters) == ["a", "a", "b"]
+    only = [json.loads(line) for line in rq("dlq", "list", "--group", gb, "--json").splitlines()]
+    assert [(d["group_id"], d["shard"]) for d in only] == [(gb, "b")]
     table = rq("dlq", "list")
     assert re.search(r"shard", table) and re.search(r"\ba\b.*" + ga, table)
     assert [d["cursor"] for d in letters] == [f"{d['shard']}/{d['seq']}" for d in letters]
@@ -268,7 +294,10 @@ def test_every_dashboard_page_and_action_on_two_shards(
         assert rows == [(str(d.seq), d.shard) for d in letters]
         assert http.get("/dead", params={"after": "7"}).status_code == 400  # no shard
         post("requeue", row_forms(page, "a", a1.seq)["requeue"])
-        post("purge", row_forms(page, "b", b1.seq)["purge"])
+        purge_b1 = row_forms(page, "b", b1.seq)["purge"]
+        asked = http.post("/action/purge", data=purge_b1)  # the confirmation names the shard
+        assert asked.status_code == 200 and f"dead letter {b1.seq} of shard b" in asked.text
+        post("purge", purge_b1)
         assert [(d.shard, d.seq) for d in q.dead_letters()] == [("a", a2.seq)]
         assert [event for _, event in q.peek(ga)] == [1]
         post("requeue_all", csrf)

@@ -447,6 +447,8 @@ class _Dashboard:
             )
         elif name == "purge":
             seqs = ", ".join(str(v) for v in form.getlist("seq"))
+            if form.get("shard"):  # a sharded queue's seqs are per shard
+                seqs += f" of shard {form.get('shard')}"
             what = f"Delete dead letter {seqs} for good: it cannot be requeued afterwards."
         else:
             dead = (await self.q.stats()).dead
