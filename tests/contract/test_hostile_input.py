@@ -254,6 +254,17 @@ NOT_AN_ID = {
     "one byte too long": "é" * (MAX_ID_BYTES // 2) + "x",
 }
 NOT_A_DEDUP_ID = {k: v for k, v in NOT_AN_ID.items() if k != "None"}  # None: no dedup id
+NOT_A_CURSOR = {
+    **{k: v for k, v in NOT_TEXT.items() if k != "None"},  # None: the first page
+    **BAD_TEXT,
+    "empty": "",
+    "the dead seq as an int": FromWorld(lambda w: w.dead_seq),
+    "negative": "-1",
+    "a shard alone": "a/",
+    "a bad shard name": "A/1",
+    "19 digits": "9" * 19,
+    "spaces": " 1",
+}
 NOT_A_REASON = {
     **NOT_TEXT,
     **BAD_TEXT,
@@ -756,6 +767,7 @@ HOSTILE = [
         Arg("limit", ints_outside(1, MAX_BATCH), lambda q, w, v: q.dead_letters(v)),
         # None is allowed for group_id here too (all groups)
         Arg("group_id", NOT_A_DEDUP_ID, lambda q, w, v: q.dead_letters(group_id=v)),
+        Arg("after", NOT_A_CURSOR, lambda q, w, v: q.dead_letters(after=v)),
     ),
     row(
         "requeue_dead, purge_dead",

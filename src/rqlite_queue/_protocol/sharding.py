@@ -399,7 +399,7 @@ def parse_dead_cursor(after: object, *, sharded: bool) -> tuple[int, str]:
     return int(seq), shard
 
 
-_CURSOR = re.compile(r"([a-z0-9][a-z0-9_.:-]{0,62}/)?[0-9]{1,19}")
+_CURSOR = re.compile(r"([a-z0-9][a-z0-9_.:-]{0,62}/)?[0-9]{1,18}")  # < 2**63: an SQLite integer
 
 
 def dead_letters_of(
