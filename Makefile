@@ -84,7 +84,7 @@ chaos: setup
 
 # The dashboard's pictures in docs/img/, taken by its browser tests.
 screenshots: setup
-	RQLITE_QUEUE_SCREENSHOTS=1 RQLITED="$(RQLITED_PATH)" $(BIN)/pytest -q tests/test_dashboard.py -k "overview or groups_page or through_the_ui or schedules"
+	RQLITE_QUEUE_SCREENSHOTS=1 RQLITED="$(RQLITED_PATH)" $(BIN)/pytest -q tests/test_dashboard.py -k staged_demo
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

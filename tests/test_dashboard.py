@@ -4,8 +4,10 @@ Chromium (Debian's package, driven by Playwright): the overview's numbers equal 
 page refreshes itself, actions through the UI change the queue as the API would, a payload
 made to run script stays text.
 
-With `RQLITE_QUEUE_SCREENSHOTS=1` the browser tests also save each page to `docs/img/`
-(`make screenshots`)."""
+The docs' pictures come from one staged demo queue (`stage_demo`: orders, payments and emails
+of three tenants, with realistic dead letters, schedules, a held group and minutes of history),
+taken by `test_a_staged_demo_queue_page_by_page` with `RQLITE_QUEUE_SCREENSHOTS=1` (`make
+screenshots`); the tests with hostile payloads (`a_busy_queue`) check escaping, never pose."""
 
 from __future__ import annotations
 
@@ -429,10 +431,10 @@ def page(browser: Any) -> Iterator[Any]:
     context.close()
 
 
-def shot(page: Any, name: str) -> None:
+def shot(page: Any, name: str, *, full_page: bool = True) -> None:
     if os.environ.get("RQLITE_QUEUE_SCREENSHOTS") == "1":
         SHOTS.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(SHOTS / f"dashboard-{name}.png"), full_page=True)
+        page.screenshot(path=str(SHOTS / f"dashboard-{name}.png"), full_page=full_page)
 
 
 def stat(page: Any, name: str) -> str:
@@ -468,8 +470,6 @@ def test_the_overview_shows_stats_and_refreshes_itself(
             arg=str(stats.depth + 5),
         )
         assert page.evaluate("window.__xss") is None
-        time.sleep(1.5)  # a few samples for the charts
-        shot(page, "overview")
 
 
 def test_groups_page_filters_and_opens_a_group(
@@ -482,7 +482,6 @@ def test_groups_page_filters_and_opens_a_group(
         assert [listed.nth(i).get_attribute("data-group") for i in range(listed.count())] == [
             g.group_id for g in q.groups()
         ]
-        shot(page, "groups")
         page.select_option("select[name=state]", "leased")
         page.click("text=Filter")
         page.wait_for_url(re.compile(r"state=leased"))
@@ -501,7 +500,6 @@ def test_cancel_and_requeue_through_the_ui(
     with dashboard(rqlite_cluster3.url, queue_name, "--allow-actions") as base:
         page.on("dialog", lambda dialog: dialog.accept())
         page.goto(base + "/group?id=order-1")
-        shot(page, "group")
         page.get_by_label("Reason for its dead letters").fill("refunded")
         page.wait_for_timeout(1500)  # live refreshes must not wipe what the operator typed
         page.click('[data-action="cancel"]')
@@ -518,7 +516,6 @@ def test_cancel_and_requeue_through_the_ui(
         assert "no messages" in page.locator("#group").inner_text()
 
         page.goto(base + "/dead")
-        shot(page, "dead-letters")
         row = page.locator(f'#dead-table tr[data-seq="{dead[0].seq}"]')
         row.locator('[data-action="requeue"]').click()
         page.wait_for_url(re.compile(r"/dead(\?|$)"))
@@ -583,7 +580,6 @@ def test_the_schedules_page_lists_every_schedule(
         assert "nightly-report" in table and "0 3 * * *" in table and "300.0 s" in table
         assert XSS.split(">")[0] in table  # the payload is text
         assert page.evaluate("window.__xss") is None
-        shot(page, "schedules")
 
 
 def test_the_tenants_page_sets_a_weight_and_refreshes_itself(
@@ -611,4 +607,315 @@ def test_the_tenants_page_sets_a_weight_and_refreshes_itself(
         assert page.evaluate("window.__xss") is None
         q.publish("initech-1", 1, tenant="initech")
         page.wait_for_selector('#tenant-table tr[data-tenant="initech"]')  # the refresh
-        shot(page, "tenants")
+
+
+# ------------------------------------------------------------------------------ the staged demo
+
+TENANTS = ("acme", "globex", "initech")
+DEMO_DEAD = [
+    (
+        "payment-7719",
+        "acme",
+        {"invoice": "INV-2026-0419", "amount": "129.00 EUR"},
+        "card declined: insufficient funds (processor code 51)",
+    ),
+    (
+        "email-receipt-5531",
+        "globex",
+        {"to": "j.doe@example.org", "template": "receipt"},
+        "SMTP 550 5.1.1 <j.doe@example.org>: mailbox unavailable",
+    ),
+    (
+        "order-1038",
+        "initech",
+        {"order": 1038, "step": "reserve-stock", "sku": "KB-87-US"},
+        "inventory-service timed out after 30 s (5 attempts)",
+    ),
+    (
+        "payment-7724",
+        "globex",
+        {"invoice": "INV-2026-0424", "amount": "18.50 USD"},
+        "HTTP 409 from processor: payment already captured",
+    ),
+    (
+        "order-1041",
+        "acme",
+        {"order": 1041, "step": "ship", "carrier": "DHL"},
+        "address rejected by carrier: postcode 'SW1A 1AA' is not in country 'US'",
+    ),
+]
+
+
+class DemoClock:
+    """The dashboard's clock in the demo: held at given past instants while the history is
+    staged, the real time after."""
+
+    def __init__(self) -> None:
+        self.fixed: float | None = None
+
+    def __call__(self) -> float:
+        return time.time() if self.fixed is None else self.fixed
+
+
+@contextmanager
+def in_process(url: str, queue: str, clock: Callable[[], float], refresh: float) -> Iterator[str]:
+    """`create_app` (actions allowed) on uvicorn in a thread of this process, on a free port,
+    with `clock` as its time (the staged history's samples are minutes old); yields its URL."""
+    import asyncio
+    import threading
+
+    import uvicorn
+
+    from rqlite_queue import AsyncTransport
+    from rqlite_queue.dashboard import create_app
+
+    started = threading.Event()
+    box: dict[str, Any] = {}
+
+    async def serve() -> None:
+        transport = await AsyncTransport.from_url(url, queue=queue)
+        try:
+            app = create_app(
+                transport,
+                allow_actions=True,
+                refresh=refresh,
+                clock=clock,
+                allowed_hosts=["127.0.0.1"],
+            )
+            config = uvicorn.Config(
+                app, host="127.0.0.1", port=0, log_level="warning", lifespan="off"
+            )
+            server = box["server"] = uvicorn.Server(config)
+            serving = asyncio.create_task(server.serve())
+            while not server.started and not serving.done():
+                await asyncio.sleep(0.02)
+            box["port"] = server.servers[0].sockets[0].getsockname()[1]
+            started.set()
+            await serving
+        finally:
+            started.set()
+            await transport.close()
+
+    thread = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True)
+    thread.start()
+    assert started.wait(30) and "port" in box, "the dashboard did not start"
+    try:
+        yield f"http://127.0.0.1:{box['port']}"
+    finally:
+        box["server"].should_exit = True
+        thread.join(15)
+
+
+def stage_demo(q: Transport, base: str, clock: DemoClock) -> None:
+    """One realistic queue for every picture: orders, payments and emails of three tenants
+    (acme weighs 3, initech is capped at 2 leases), five dead letters with the reasons real
+    ones have, three schedules, a group held for review, a payment parked for a retry, emails
+    delayed, leases in flight; and five minutes of history, one sample every 10 s, taken by
+    the dashboard itself (its clock held at each instant), with a minute in the middle when no
+    page was open."""
+    q.set_tenant("acme", weight=3)
+    q.set_tenant("globex", weight=1, rate=20, burst=40)
+    q.set_tenant("initech", weight=1, max_in_flight=2)
+    q.publish_many(
+        [{"group_id": g, "event": e, "tenant": t, "priority": 2} for g, t, e, _ in DEMO_DEAD]
+    )
+    reasons = {g: reason for g, _, _, reason in DEMO_DEAD}
+    for _ in range(2):  # failed twice and retried, then given up on
+        for lease in q.claim_many("worker-a1", 60, len(DEMO_DEAD)):
+            q.nack(lease)
+    for lease in q.claim_many("worker-a1", 60, len(DEMO_DEAD)):
+        q.dead_letter(lease, reasons[lease.group_id])
+    assert q.stats().dead == len(DEMO_DEAD)
+
+    end = time.time()
+    order, payment, email = 1042, 7730, 5540
+    with httpx.Client(base_url=base) as http:
+        for step in range(31):
+            items: list[dict[str, Any]] = []
+            for i in range(4 + step % 5):
+                tenant = TENANTS[(step + i) % 3]
+                order += 1
+                items.append(
+                    {
+                        "group_id": f"order-{order}",
+                        "tenant": tenant,
+                        "priority": 1,
+                        "event": {"order": order, "step": "reserve-stock", "items": 1 + i % 3},
+                    }
+                )
+                if i % 2 == 1:  # an order's next step waits behind its first in the group
+                    items.append(
+                        {
+                            "group_id": f"order-{order}",
+                            "tenant": tenant,
+                            "priority": 1,
+                            "event": {"order": order, "step": "confirm-email"},
+                        }
+                    )
+                if i % 2 == 0:
+                    payment += 1
+                    items.append(
+                        {
+                            "group_id": f"payment-{payment}",
+                            "tenant": tenant,
+                            "priority": 3,
+                            "event": {
+                                "invoice": f"INV-2026-{payment - 7000:04d}",
+                                "amount": f"{19 + 7 * i}.90 EUR",
+                            },
+                        }
+                    )
+                if i % 3 == 0:
+                    email += 1
+                    items.append(
+                        {
+                            "group_id": f"email-receipt-{email}",
+                            "tenant": tenant,
+                            "priority": 0,
+                            "event": {"to": f"customer{email}@example.com", "template": "receipt"},
+                        }
+                    )
+            q.publish_many(items)
+            done = q.claim_many(f"worker-{'ab'[step % 2]}{1 + step % 3}", 60, 3 + step % 6)
+            q.ack_many(done)
+            if 14 <= step <= 19:
+                continue  # nobody had a dashboard page open
+            clock.fixed = end - 300 + 10 * step
+            assert http.get("/fragments/overview").status_code == 200
+    clock.fixed = None
+
+    q.publish("order-1042", {"order": 1042, "step": "fraud-review", "score": 0.91}, tenant="acme")
+    q.hold_group("order-1042")
+    q.publish_many(
+        [
+            {
+                "group_id": f"email-newsletter-{n}",
+                "tenant": "globex",
+                "priority": 0,
+                "event": {"campaign": "december-sale", "segment": n},
+                "delay": 1800,
+            }
+            for n in range(1, 4)
+        ]
+    )
+    parked = q.claim("worker-b2", 60)
+    assert parked is not None
+    q.nack(parked, delay=240)  # the processor asked to retry in 4 minutes
+    q.claim_many("worker-a1", 120, 4)  # in flight
+    q.schedule(
+        "nightly-settlement",
+        "payments-settlement",
+        {"job": "settle", "currency": "EUR"},
+        cron="0 2 * * *",
+        priority=3,
+    )
+    q.schedule("abandoned-cart-reminders", "email-cart-reminders", {"template": "cart"}, every=900)
+    q.schedule("stock-sync", "inventory-sync", {"warehouse": "FRA-1"}, every=300, catch_up=True)
+
+
+def test_a_staged_demo_queue_page_by_page(
+    rqlite_cluster3: Cluster, queue_name: str, q: Transport, browser: Any
+) -> None:
+    """Every picture of the docs, from one staged queue (so their numbers agree): the overview's
+    cards equal `stats()`, its charts span the 10 minutes they claim with the 5 minutes of
+    samples and the gap, the layout uses a wide screen (full-width tables and charts) and fits
+    a phone's, the group page's destructive action asks on a page of its own."""
+    context = browser.new_context(viewport={"width": 1440, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(15_000)
+    clock = DemoClock()
+    try:
+        with in_process(rqlite_cluster3.url, queue_name, clock, refresh=10) as base:
+            stage_demo(q, base, clock)
+            page.goto(base + "/")
+            stats = q.stats()
+            for name in ("depth", "groups", "in_flight", "parked", "held", "delayed", "dead"):
+                assert stat(page, name) == str(getattr(stats, name)), name
+            assert (stats.held, stats.parked, stats.dead, stats.delayed) == (1, 1, 5, 3)
+            covered = page.locator("#covered").inner_text()
+            assert re.search(
+                r"since \d\d:\d\d:\d\d UTC \(5 min of samples, one every 10 s\)", covered
+            )
+            depth_chart = page.locator("svg.chart").first
+            assert depth_chart.locator("polyline.line.depth").count() >= 2  # the gap
+            assert depth_chart.locator("text.time-tick").count() >= 5
+            assert "messages" in depth_chart.locator("text.axis-title").first.text_content() or ""
+            main = page.locator("main").bounding_box()
+            svg = depth_chart.bounding_box()
+            assert main and svg and svg["width"] > 600  # was a fixed 600 px
+            shot(page, "overview")
+
+            page.goto(base + "/groups")
+            table = page.locator("#group-table").bounding_box()
+            assert table and table["width"] > 0.9 * (main["width"] - 48)  # the page's width
+            assert page.locator("#group-table tr[data-group]").count() == min(50, stats.groups)
+            page.get_by_label("Group id starts with").fill("order-")
+            page.click("text=Filter the groups")
+            page.wait_for_url(re.compile(r"prefix=order-"))
+            orders = q.groups(prefix="order-", limit=50)
+            rows = page.locator("#group-table tr[data-group]")
+            assert rows.count() == len(orders) and "held" in page.inner_text("#group-table")
+            shot(page, "groups", full_page=False)
+
+            page.goto(base + "/group?id=order-1042")
+            assert page.locator('[data-field="state"]').inner_text() == "held"
+            shot(page, "group")
+            page.get_by_label("Reason for its dead letters").fill("fraud confirmed by review")
+            page.click('[data-action="cancel"]')
+            page.wait_for_selector("#confirm")
+            assert "Cancel group order-1042: its 1 message become" in page.inner_text("#confirm")
+            shot(page, "confirm")
+            page.click("#confirm-back")
+            page.wait_for_url(re.compile(r"/group\?id=order-1042"))
+            assert q.stats().held == 1  # nothing done
+
+            page.goto(base + "/tenants")
+            names = page.locator("#tenant-table tr[data-tenant]")
+            assert [names.nth(i).get_attribute("data-tenant") for i in range(names.count())] == [
+                "",
+                *TENANTS,
+            ]
+            shot(page, "tenants")
+            page.goto(base + "/dead")
+            assert page.locator("#dead-table tr[data-seq]").count() == 5
+            assert "card declined" in page.locator("#dead-table").inner_text()
+            shot(page, "dead-letters")
+            page.goto(base + "/schedules")
+            assert page.locator("#schedules tr").count() == 4
+            shot(page, "schedules")
+
+            page.set_viewport_size({"width": 390, "height": 844})  # a phone
+            for path in ("/", "/groups", "/group?id=order-1042", "/dead", "/tenants"):
+                page.goto(base + path)
+                overflow = page.evaluate(
+                    "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+                )
+                assert overflow <= 1, (path, overflow)
+    finally:
+        context.close()
+
+
+def test_a_destructive_action_is_confirmed_without_script(
+    rqlite_cluster3: Cluster, queue_name: str, q: Transport, browser: Any
+) -> None:
+    """With JavaScript off, 'Purge all' leads to a confirmation page; its button (a second
+    POST with the CSRF token) purges; 'No, go back' changes nothing."""
+    a_busy_queue(q)
+    context = browser.new_context(java_script_enabled=False)
+    page = context.new_page()
+    page.set_default_timeout(15_000)
+    try:
+        with dashboard(rqlite_cluster3.url, queue_name, "--allow-actions") as base:
+            page.goto(base + "/dead")
+            page.click('[data-action="purge_all"]')
+            page.wait_for_selector("#confirm")
+            assert "Delete every dead letter (1) for good" in page.inner_text("#confirm")
+            page.click("#confirm-back")
+            page.wait_for_url(re.compile(r"/dead"))
+            assert q.stats().dead == 1
+            page.click('[data-action="purge_all"]')
+            page.click('[data-confirmed="yes"]')
+            page.wait_for_url(re.compile(r"/dead"))
+            assert q.stats().dead == 0 and "No dead letters" in page.inner_text("#dead")
+    finally:
+        context.close()
