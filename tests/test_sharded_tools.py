@@ -100,6 +100,10 @@ def test_every_cli_command_on_two_shards(rq: Cli, q: Transport, tmp_path: Path) 
     rq("publish", gt, "1", "--tenant", "acme", "--debounce", "k", "--delay", "3600")
     rq("publish", gt, "2", "--tenant", "acme", "--debounce", "k", "--delay", "3600")
     assert q.stats().by_shard == {"a": 3, "b": 2}
+    stats = json.loads(rq("stats", "--json"))
+    assert stats["delayed_groups"] == 2 and set(stats["oldest_by_priority"]) == {"0"}
+    assert re.search(r"delayed groups\s*│\s*2\b", rq("stats"))
+    assert re.search(r"priority 0\s*│\s*5 \(oldest \d", rq("stats"))
     delayed = [
         json.loads(line) for line in rq("groups", "--state", "delayed", "--json").splitlines()
     ]

@@ -105,11 +105,15 @@ def _stats_table(stats: Stats) -> Table:
     table.add_row("parked", str(stats.parked))
     table.add_row("held", str(stats.held))
     table.add_row("delayed", str(stats.delayed))
+    table.add_row("delayed groups", str(stats.delayed_groups))
     table.add_row("dead letters", str(stats.dead))
     table.add_row("expired", str(stats.expired))
     table.add_row("oldest message", "-" if stats.oldest_age is None else duration(stats.oldest_age))
     for priority in range(5):
-        table.add_row(f"priority {priority}", str(stats.by_priority.get(priority, 0)))
+        count = str(stats.by_priority.get(priority, 0))
+        if (age := stats.oldest_by_priority.get(priority)) is not None:
+            count += f" (oldest {duration(age)})"
+        table.add_row(f"priority {priority}", count)
     if stats.paused:
         table.add_row("claims", "[bold red]paused[/] ('rqlite-queue resume')")
     return table
