@@ -184,6 +184,13 @@ def test_every_cli_command_on_two_shards(rq: Cli, q: Transport, tmp_path: Path) 
     status = [json.loads(line) for line in rq("shards", "status", "--json").splitlines()]
     assert [s["name"] for s in status if "name" in s] == ["a", "b"]
     assert "no change under way" in rq("shards", "status")
+    # shards drain: b marked draining in a list of a higher epoch
+    a_url, b_url = (part.split("=", 1)[1] for part in rq.base[1].split(";"))
+    rq.base[1] = f"epoch=1;a={a_url};-b={b_url}"
+    assert "shard b is empty: remove it from the list" in rq(
+        "shards", "drain", "b", "--timeout", "5"
+    )
+    assert "draining" in rq("shards", "status")
 
 
 def test_the_worker_command_on_two_shards(
