@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import html
 import os
+import random
 import re
 import select
 import shutil
@@ -728,11 +729,12 @@ def stage_demo(q: Transport, base: str, clock: DemoClock) -> None:
     assert q.stats().dead == len(DEMO_DEAD)
 
     end = time.time()
+    rng = random.Random(24)  # the same pictures every time
     order, payment, email = 1042, 7730, 5540
     with httpx.Client(base_url=base) as http:
         for step in range(31):
             items: list[dict[str, Any]] = []
-            for i in range(4 + step % 5):
+            for i in range(3 + rng.randint(0, 5)):
                 tenant = TENANTS[(step + i) % 3]
                 order += 1
                 items.append(
@@ -776,7 +778,8 @@ def stage_demo(q: Transport, base: str, clock: DemoClock) -> None:
                         }
                     )
             q.publish_many(items)
-            done = q.claim_many(f"worker-{'ab'[step % 2]}{1 + step % 3}", 60, 3 + step % 6)
+            more = step // 3 + rng.randint(0, 4)  # more workers as the backlog grows
+            done = q.claim_many(f"worker-{'ab'[step % 2]}{1 + step % 3}", 60, 3 + more)
             q.ack_many(done)
             if 14 <= step <= 19:
                 continue  # nobody had a dashboard page open
@@ -842,7 +845,10 @@ def test_a_staged_demo_queue_page_by_page(
             assert "messages" in depth_chart.locator("text.axis-title").first.text_content() or ""
             main = page.locator("main").bounding_box()
             svg = depth_chart.bounding_box()
-            assert main and svg and svg["width"] > 600  # was a fixed 600 px
+            last = page.locator("svg.chart").last.bounding_box()
+            assert main and svg and last
+            assert last["x"] + last["width"] >= main["x"] + main["width"] - 30  # to the edge
+            assert svg["width"] > 0.45 * main["width"]  # two side by side: no fixed 600 px
             shot(page, "overview")
 
             page.goto(base + "/groups")

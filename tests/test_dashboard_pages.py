@@ -152,6 +152,12 @@ async def test_every_input_has_a_label_and_every_button_says_what_it_does(
             vague = [t for b, t in page.buttons if t in ("Hold", "Release", "Filter")]
             assert not vague, (path, vague)
         dead = controls((await http.get("/dead")).text)
+        current = {"/": "Overview", "/groups": "Groups", "/group?id=order-2": "Groups"}
+        current |= {"/dead": "Dead letters", "/tenants": "Tenants", "/schedules": "Schedules"}
+        for path, name in current.items():
+            text = (await http.get(path)).text
+            assert len(re.findall(r"<h1>", text)) == 1, path  # each page says what it is
+            assert re.findall(r'<a href="[^"]*" aria-current="page">([^<]+)</a>', text) == [name]
         names = {b.get("aria-label") or t for b, t in dead.buttons}
         assert f"Purge dead letter {lease.seq} (asks to confirm)" in names
         assert f"Requeue dead letter {lease.seq}" in names

@@ -232,6 +232,7 @@ class _Dashboard:
             csrf=self.csrf.token(session) if session is not None and self.allow_actions else "",
             refresh_ms=int(self.refresh * 1000),
             path=request.url.path,
+            page=_route_path(request),
             **values,
         )
         response = HTMLResponse(html, status_code=status)
@@ -534,6 +535,13 @@ class _Guard:
             await refusal(scope, receive, secured)
         else:
             await self.app(scope, receive, secured)
+
+
+def _route_path(request: Request) -> str:
+    """The request's path inside the dashboard (without the path it is mounted at)."""
+    root = request.scope.get("root_path", "")
+    path = str(request.scope["path"])
+    return path[len(root) :] if root and path.startswith(root) else path
 
 
 def _required(seqs: list[int] | None) -> list[int]:
