@@ -235,3 +235,21 @@ async def test_a_destructive_action_asks_to_confirm_on_a_page_of_its_own(
         done = await http.post(f"/action/{action}", data=hidden)
         assert done.status_code == 303 and done.headers["location"] == "/dead"
     assert await state() != before
+
+
+async def test_the_confirmation_page_escapes_what_it_repeats_and_stays_on_site(
+    transport: AsyncSqliteTransport,
+) -> None:
+    hostile = '<script>alert(1)</script>"><img src=x onerror=alert(2)>'
+    await transport.publish(hostile, 1)
+    async with client(create_app(transport, allow_actions=True)) as http:
+        token = re.search(r'name="csrf" value="([^"]+)"', (await http.get("/")).text)
+        assert token
+        form = {"csrf": token.group(1), "group_id": hostile, "reason": hostile}
+        page = await http.post("/action/cancel", data={**form, "next": "//evil.example/"})
+        assert page.status_code == 200 and 'id="confirm"' in page.text
+        assert "<script>alert" not in page.text and "<img src=x" not in page.text
+        assert hostile in html.unescape(page.text)  # said, as text
+        assert 'id="confirm-back" href="/"' in page.text  # never off-site
+        assert '<input type="hidden" name="next" value="/">' in page.text
+        assert (await transport.stats()).depth == 1
