@@ -780,9 +780,7 @@ def test_stop_gives_prefetched_messages_back_at_once(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("flavour", ["sync", "async"])
-def test_a_publish_in_the_same_process_wakes_an_idle_worker_at_once(
-    url: str, flavour: str
-) -> None:
+def test_a_publish_in_the_same_process_wakes_an_idle_worker_at_once(url: str, flavour: str) -> None:
     """The worker polls every 5 s; a publish made by another transport of this process
     starts its handler well before that."""
     queue = f"wake_{flavour}"

@@ -19,6 +19,22 @@ class Codec(Protocol):
     def decode(self, text: str) -> Any: ...
 
 
+_ENCODER = json.JSONEncoder(
+    ensure_ascii=False, separators=(",", ":"), allow_nan=False, check_circular=False
+)
+_make_encoder: Any = getattr(json.encoder, "c_make_encoder", None)  # (not in the stubs)
+_C_ENCODER: Any = (
+    None
+    if _make_encoder is None
+    else _make_encoder(
+        None, _ENCODER.default, json.encoder.encode_basestring, None, ":", ",", False, False, False
+    )
+)
+"""Made once: `json.dumps` with options makes an encoder per call, and even a kept
+`JSONEncoder` makes its C encoder per call. (Without the circular check: a payload that holds
+itself fails on the recursion limit instead, an `EncodeError` all the same.)"""
+
+
 class JsonCodec:
     """The default: JSON values (dicts, lists, strings, numbers, booleans, None). A
     pydantic-style model is refused: it would come back as a dict; give the transport
@@ -31,7 +47,9 @@ class JsonCodec:
                 f"open the transport with codec={type(payload).__name__}"
             )
         try:
-            return json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+            if _C_ENCODER is not None:
+                return "".join(_C_ENCODER(payload, 0))
+            return _ENCODER.encode(payload)
         except (TypeError, ValueError) as exc:
             raise EncodeError(f"payload is not JSON-serialisable: {exc}") from exc
 

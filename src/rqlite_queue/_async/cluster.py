@@ -125,7 +125,7 @@ class AsyncBackend:
                 if plan.if_tenants_on is not None:
                     return await self.run(plan.if_tenants_on(), deadline)
             if isinstance(refined, QueueFull) and plan.explain is not None:
-                refined = await self._send(plan.explain, deadline)
+                refined = await self._send(plan.explain(), deadline)
             raise refined from None
 
     async def _send(self, plan: Plan[T], deadline: float) -> T:

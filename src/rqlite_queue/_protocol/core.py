@@ -62,7 +62,6 @@ from .params import (
     RoundSpec,
     ScheduleSpec,
     Settlement,
-    at_index,
     check_reason,
     check_tenant,
 )
@@ -105,9 +104,9 @@ class Plan(Generic[T]):
     first checks that its cluster's clock is close enough to this client's for them."""
     tenants_on: bool = False
     """Once applied, the queue's tenants are on (its claims share by weight from then on)."""
-    explain: Plan[QueueError] | None = None
+    explain: Callable[[], Plan[QueueError]] | None = None
     """When the batch is refused for going over a bound (`QueueFull`), the read that says
-    which one."""
+    which one (made only then)."""
     if_tenants_on: Callable[[], Plan[T]] | None = None
     """When the batch fails because the queue's tenants are on (`TenantsTurnedOn`: this
     client assumed them off), the plan to run instead."""
@@ -228,7 +227,14 @@ class QueueCore:
                 )
             return row
 
-        return [at_index(index, checked, m) for index, m in enumerate(given)]
+        rows: list[sql.NewMessage] = []
+        try:  # (one try for the list: a call per message to mark its index costs more)
+            for m in given:
+                rows.append(checked(m))
+        except InvalidArgument as exc:
+            exc.index = len(rows)
+            raise
+        return rows
 
     def checked_items(self, items: Iterable[PublishItem], *, scoped: bool) -> CheckedItems:
         """`items` checked and encoded once, for a later round's follow-ups."""
@@ -325,7 +331,7 @@ class QueueCore:
             read,
             read if every_message_deduplicated else None,
             tenants_on=named,
-            explain=self._queue_full(unique),
+            explain=lambda: self._queue_full(unique),
             if_tenants_on=None
             if tenants_on is not False
             else lambda: self.publish(messages, tenants_on=True),
@@ -372,10 +378,13 @@ class QueueCore:
             raise EncodeError(f"the codec must encode to str, got {type(text).__name__}")
         if "\x00" in text:
             raise EncodeError("the encoded payload holds a NUL, which SQLite cuts text at")
-        try:
-            size = len(text.encode("utf-8"))
-        except UnicodeEncodeError as exc:
-            raise EncodeError(f"payload is not valid Unicode text: {exc.reason}") from None
+        if text.isascii():  # (the common case: its size is its length, nothing to check)
+            size = len(text)
+        else:
+            try:
+                size = len(text.encode("utf-8"))
+            except UnicodeEncodeError as exc:
+                raise EncodeError(f"payload is not valid Unicode text: {exc.reason}") from None
         if size > self.max_payload_bytes:
             raise PayloadTooLarge(
                 f"payload is {size} bytes encoded; the limit is {self.max_payload_bytes}"

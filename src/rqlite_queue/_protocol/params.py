@@ -39,9 +39,10 @@ EXPIRED = "expired"
 """The reason of the dead letters of messages whose ttl passed before they were delivered."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class Message:
-    """One message to publish, as given."""
+    """One message to publish, as given. (Not frozen: a frozen dataclass's `__init__` sets
+    each field through `object.__setattr__`, which `publish_many` pays per message.)"""
 
     group_id: Any
     event: Any
@@ -134,7 +135,17 @@ class Message:
         items = list(items)
         if len(items) > MAX_PUBLISH:
             raise InvalidArgument(f"at most {MAX_PUBLISH} messages per publish_many")
-        return [at_index(index, cls.parse, item) for index, item in enumerate(items)]
+        parsed: list[Message] = []
+        try:  # (one try for the list: a call per item to mark its index costs more)
+            for item in items:
+                if type(item) is tuple and len(item) == 2:  # the common case, inline
+                    parsed.append(cls(group_id=item[0], event=item[1]))
+                else:
+                    parsed.append(cls.parse(item))
+        except InvalidArgument as exc:
+            exc.index = len(parsed)
+            raise
+        return parsed
 
 
 ITEM_KEYS = frozenset(f.name for f in fields(Message))

@@ -610,17 +610,21 @@ def publish(
     with TENANTS_ON_PUBLISH_ERROR if they are; "skip" them (follow-ups forwarded from an
     outbox: never bounded)."""
     items = _json([m.row() for m in messages])
+    named = debounced = deduplicated = False
+    for m in messages:  # (one pass)
+        named = named or m.tenant is not None
+        debounced = debounced or m.debounce is not None
+        deduplicated = deduplicated or m.dedup_id is not None
     b = _Builder()
-    if any(m.tenant is not None for m in messages):
+    if named:
         _turn_tenants_on(b, n)
     if prune_before is not None:
         b.add(f"DELETE FROM {n.dedup} WHERE expires_at < :t", {"t": prune_before})
-    debounced = any(m.debounce is not None for m in messages)
     if debounced:
         _mark_last_seq(b, n)
         _debounce(b, n, items, now)
     replaced = f" AND {_not_replaced(n)}" if debounced else ""
-    if bounds == "tripwire" and any(m.tenant is not None for m in messages):
+    if bounds == "tripwire" and named:
         bounds = "check"  # this publish turns them on (above), if they were not
     published_at = _TRIPWIRE.format(claims=n.claims) if bounds == "tripwire" else ":now"
     _insert_messages(b, n, messages, items, now, dedup_until, "true", replaced, published_at)
@@ -633,7 +637,7 @@ def publish(
             {"items": items},
             slot="debounced",
         )
-    if any(m.dedup_id is not None for m in messages):
+    if deduplicated:
         ids = _json([m.dedup_id for m in messages if m.dedup_id is not None])
         b.add(
             f"SELECT d.dedup_id, d.seq FROM json_each(:ids) j "

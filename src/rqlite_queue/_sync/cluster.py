@@ -125,7 +125,7 @@ class Backend:
                 if plan.if_tenants_on is not None:
                     return self.run(plan.if_tenants_on(), deadline)
             if isinstance(refined, QueueFull) and plan.explain is not None:
-                refined = self._send(plan.explain, deadline)
+                refined = self._send(plan.explain(), deadline)
             raise refined from None
 
     def _send(self, plan: Plan[T], deadline: float) -> T:
