@@ -9,6 +9,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -141,6 +142,30 @@ def test_paused_held_delayed_and_oldest_age_per_priority(url: str, queue_name: s
             assert value(text, "rqlite_queue_paused") == 1
             assert value(text, "rqlite_queue_held_groups") == 0
             queue.resume()
+
+
+def test_the_operator_gauges_of_a_sharded_queue(
+    rqlite_cluster_factory: Callable[..., Any], queue_name: str
+) -> None:
+    """Summed over the shards (the oldest age: the oldest of any shard); paused once paused."""
+    a, b = rqlite_cluster_factory(1), rqlite_cluster_factory(1)
+    with Transport.from_url(f"a={a.url};b={b.url}", queue=queue_name) as queue:
+        on = {s: [g for g in (f"g{i}" for i in range(200)) if queue.shard_of(g) == s] for s in "ab"}
+        queue.publish(on["b"][0], 1, priority=2)
+        time.sleep(0.3)
+        queue.publish(on["a"][0], 1, priority=2)
+        for shard in "ab":
+            queue.publish(on[shard][1], 1, delay=3600)
+        queue.hold_group(on["a"][0])
+        queue.pause()
+        worker = Worker(queue, handler, poll_interval=0.02)
+        with serve_metrics(worker, 0, host="127.0.0.1", stats_interval=0) as server:
+            text = httpx.get(f"http://127.0.0.1:{server.port}/metrics", timeout=5).text
+        assert value(text, "rqlite_queue_paused") == 1
+        assert value(text, "rqlite_queue_held_groups") == 1
+        assert value(text, "rqlite_queue_delayed_groups") == 2
+        assert value(text, "rqlite_queue_priority_oldest_age_seconds", priority="2") >= 0.3
+        assert value(text, "rqlite_queue_priority_oldest_age_seconds", priority="4") == 0
 
 
 async def test_async_worker_metrics(tmp_path: Path, queue_name: str) -> None:
