@@ -111,12 +111,14 @@ async def test_the_charts_have_time_and_value_axes_over_the_window_they_claim(
         "Last 10 minutes: since 01:06:00 UTC (4 min of samples, one every 2 s)"
     )
     charts = re.findall(r'<svg viewBox="0 0 640 200" class="chart".*?</svg>', page, re.DOTALL)
-    assert len(charts) == 2
+    assert len(charts) == 3
     for svg in charts:
         ticks = re.findall(r'class="tick time-tick"[^>]*>([^<]+)<', svg)
         assert ticks == ["01:00", "01:02", "01:04", "01:06", "01:08", "01:10"]
         assert "time (UTC)" in svg
-    depth, rate = charts
+    depth, rate, age = charts
+    assert 'data-unit="seconds"' in age and ">seconds</text>" in age
+    assert 'class="line age"' in age
     assert 'data-unit="messages"' in depth and ">messages</text>" in depth
     assert 'data-unit="msg/s"' in rate and ">msg/s</text>" in rate
     assert re.findall(r'class="tick value-tick"[^>]*>([^<]+)<', depth)[-1] == "300"  # 273 messages

@@ -288,6 +288,13 @@ class _Dashboard:
                 gap=gap,
                 unit="msg/s",
             ),
+            "age_chart": chart(
+                [("age", [(s.at, s.oldest_age or 0.0) for s in self.history.samples])],
+                start=start,
+                end=now,
+                gap=gap,
+                unit="seconds",
+            ),
             "last_rate": rates[-1] if rates else None,
             "minutes": self.history.window / 60,
             "covered": covered(self.history, now),

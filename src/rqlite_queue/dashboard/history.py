@@ -19,6 +19,8 @@ class Sample:
     in_flight: int
     dead: int
     last_seq: int
+    oldest_age: float | None = None
+    """Seconds the oldest message has waited (None: the queue was empty)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +43,9 @@ class History:
         return not self.samples or now - self.samples[-1].at >= self.every
 
     def add(self, now: float, stats: Stats) -> None:
-        self.samples.append(Sample(now, stats.depth, stats.in_flight, stats.dead, stats.last_seq))
+        self.samples.append(
+            Sample(now, stats.depth, stats.in_flight, stats.dead, stats.last_seq, stats.oldest_age)
+        )
         while self.samples and self.samples[0].at < now - self.window:
             self.samples.popleft()
 
