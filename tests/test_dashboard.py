@@ -790,7 +790,9 @@ def stage_demo(q: Transport, base: str, clock: DemoClock) -> None:
             assert http.get("/fragments/overview").status_code == 200
     clock.fixed = None
 
-    q.publish("order-1042", {"order": 1042, "step": "fraud-review", "score": 0.91}, tenant="acme")
+    q.publish(
+        "order-1042", {"order": 1042, "step": "fraud-review", "score": 0.91}, 1, tenant="acme"
+    )
     q.hold_group("order-1042")
     q.publish_many(
         [
