@@ -4,13 +4,18 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: screenshots setup rqlited browser chaos-deps test test-install lint typecheck unit unit-fast docs demo bench chaos generate clean
+.PHONY: screenshots setup rqlited browser chaos-deps monitoring-deps test test-install lint typecheck unit unit-fast docs demo bench chaos generate clean
 
-setup: $(STAMP) rqlited browser chaos-deps
+setup: $(STAMP) rqlited browser chaos-deps monitoring-deps
 
 # Debian's Chromium for the dashboard's browser tests (scripts/browser-deps).
 browser:
 	@scripts/browser-deps
+
+# promtool for the checks of the docs' alert rules (scripts/monitoring-deps; without root they
+# are skipped with one printed line).
+monitoring-deps:
+	@scripts/monitoring-deps
 
 # iproute2 and iptables for the chaos tests' network partitions (scripts/chaos-deps; without
 # root they are skipped with one printed line).
