@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import json
 import os
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
+import urllib3
 
 from rqlite_queue import (
     AsyncRqliteTransport,
@@ -229,6 +231,45 @@ async def make_queue(url: str, flavour: str, clock: FakeClock) -> AsyncIterator[
         result = transport.close()
         if hasattr(result, "__await__"):
             await result
+    queues = {getattr(t, "sync", t).queue for t in opened}
+    if not url.startswith("sqlite"):
+        drop_queues(url, queues)
+
+
+def drop_queues(url: str, queues: set[str]) -> None:
+    """Drop the tables of these queues on the clusters of `url` (each shard's): the session's
+    clusters are shared by thousands of tests, and a schema of tens of thousands of tables
+    makes every later schema change, and rqlite's snapshots, slower and slower."""
+    http = urllib3.PoolManager(timeout=30.0)
+    for part in url.split(";"):
+        base = part.partition("=")[2] if ";" in url else part
+        base = base.split(",")[0].rstrip("/")
+        for queue in queues:
+            prefix = f"rq_{queue}_"
+            reply = http.request(
+                "POST",
+                f"{base}/db/query?level=strong",
+                body=json.dumps(
+                    [
+                        [
+                            "SELECT name FROM sqlite_master WHERE type = 'table' AND "
+                            "substr(name, 1, ?) = ?",
+                            len(prefix),
+                            prefix,
+                        ]
+                    ]
+                ),
+                headers={"Content-Type": "application/json"},
+            )
+            rows = json.loads(reply.data)["results"][0].get("values") or []
+            if rows:
+                drops = json.dumps([f'DROP TABLE IF EXISTS "{name}"' for (name,) in rows])
+                http.request(
+                    "POST",
+                    f"{base}/db/execute?transaction",
+                    body=drops,
+                    headers={"Content-Type": "application/json"},
+                )
 
 
 @pytest.fixture
