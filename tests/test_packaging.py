@@ -52,8 +52,15 @@ def test_the_sdist_holds_source_tests_and_docs_but_no_bench_results(tmp_path: Pa
     assert "src/rqlite_queue/_protocol/core.py" in names
     assert "src/rqlite_queue/dashboard/static/htmx.min.js" in names
     assert "tests/test_packaging.py" in names and "docs/contract.md" in names
-    assert not [name for name in names if name.startswith(("bench/results/", "site/"))]
-    assert built.stat().st_size < 1_000_000, built.stat().st_size
+    assert not [
+        name
+        for name in names
+        if name.startswith(("bench/results/", "site/", ".import_linter_cache/"))
+    ]
+    # About 1.1 MB: the migration fixtures (real v1-v4 databases) and the docs' screenshots
+    # (taken from the staged demo queue, ~550 kB) are most of it; the bound catches a stray
+    # build, dataset or site.
+    assert built.stat().st_size < 1_500_000, built.stat().st_size
 
 
 NO_SIDE_EFFECTS = """
