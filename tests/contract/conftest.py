@@ -58,6 +58,10 @@ calls, follow-ups and tenants are SQL that a follower forwards as it forwards th
 default they run on SQLite, the 3-node cluster and two shards; on one node and through a
 follower only in the slow tier (`pytest -m slow tests/contract`), to keep `make test` short."""
 SLOW_TOPOLOGIES = {"rqlite1", "rqlite3-follower"}
+ONE_NODE_IN_THE_SLOW_TIER = {"test_contract"}
+"""The main contract module runs through a follower by default, but on the one-node cluster
+only in the slow tier: the 3-node cluster's leader runs the same code, two shards run on
+one-node clusters, and the stateful model runs on one."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -66,6 +70,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         backend = callspec.params.get("backend") if callspec is not None else None
         module = item.module.__name__.rpartition(".")[2] if item.module else ""
         if backend in SLOW_TOPOLOGIES and module in ONE_TOPOLOGY_ENOUGH:
+            item.add_marker(pytest.mark.slow)
+        if backend == "rqlite1" and module in ONE_NODE_IN_THE_SLOW_TIER:
             item.add_marker(pytest.mark.slow)
 
 
