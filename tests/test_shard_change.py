@@ -12,6 +12,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -149,10 +150,15 @@ class Clients:
             assert self.observer.seen[group] == list(range(self.published[group])), group
 
 
-def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+def wait_until(
+    condition: Callable[[], bool],
+    timeout: float,
+    what: str,
+    state: Callable[[], str] = lambda: "",
+) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what} {state()}"
         time.sleep(0.2)
 
 
@@ -175,11 +181,19 @@ def test_a_shard_added_under_load_keeps_fifo_and_exclusivity(three: list[str]) -
     clients.use("p2", joining)  # the late one: refused until then, nothing written
     time.sleep(2.0)
     with ShardedTransport(joining, queue="grow") as admin:
+        statuses: list[Any] = []
+
+        def moved_or_failed() -> bool:  # (a client's error ends the wait: it says why)
+            statuses[:] = admin.shard_status()
+            return bool(clients.errors) or all(s.leaving == 0 and s.waiting == 0 for s in statuses)
+
         wait_until(
-            lambda: all(s.leaving == 0 and s.waiting == 0 for s in admin.shard_status()),
+            moved_or_failed,
             60,
             "every moving group to leave its old shard",
+            lambda: f"shards {statuses}, client errors {clients.errors!r}",
         )
+        assert not clients.errors, clients.errors
         assert {s.name: s.epoch for s in admin.shard_status()} == {"a": 1, "b": 1, "c": 1}
     for client in ["p0", "p1", "p2", "w0", "w1", "w2"]:  # the change is over: plain list
         clients.use(client, done)
