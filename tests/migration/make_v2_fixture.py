@@ -37,8 +37,8 @@ def main() -> int:
 
 
 def make(version: int) -> int:
-    """Writes `fixtures/v{version}.db` and `.json` (`make_v3_fixture.py` and
-    `make_v4_fixture.py` run it at v3 and v4)."""
+    """Writes `fixtures/v{version}.db` and `.json` (`make_v3_fixture.py` to
+    `make_v5_fixture.py` run it at v3 to v5)."""
     if version != SCHEMA_VERSION:
         print(
             f"this is schema v{SCHEMA_VERSION} code: run it against the v{version} code",
@@ -92,6 +92,16 @@ def make(version: int) -> int:
         tenanted.publish_many([(f"d{i}", i) for i in range(2)])
         tenanted.claim_many("w4", 3600, 1)
         tenanted.close()
+    if version >= 5:
+        # What only v5 has: a tenant's limits (a cap, a rate, bounds on queued messages) and a
+        # debounced message pending (delayed 60 s, at most 120 s after its run's first publish).
+        limited = SqliteTransport(str(path), clock, queue="limited")
+        limited.set_tenant("acme", max_in_flight=1, rate=10, max_queued=3, max_group_queued=2)
+        limited.publish_many(
+            [{"group_id": f"a{i}", "event": i, "tenant": "acme"} for i in range(2)]
+        )
+        limited.publish("deb", {"v": 1}, debounce="k", delay=60, max_wait=120)
+        limited.close()
     stats = q.stats()
     q.close()
     with sqlite3.connect(path) as db:
@@ -103,7 +113,12 @@ def make(version: int) -> int:
         "made_by": f"tests/migration/make_v{version}_fixture.py at commit {_commit()} "
         f"(schema v{version})",
         "clock": clock.now,
-        "queues": ["default", "other", *(["tenanted"] if version >= 4 else [])],
+        "queues": [
+            "default",
+            "other",
+            *(["tenanted"] if version >= 4 else []),
+            *(["limited"] if version >= 5 else []),
+        ],
         "leased": {
             "seq": leased.seq,
             "group_id": leased.group_id,
