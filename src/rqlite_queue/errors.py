@@ -143,3 +143,9 @@ class TransportClosed(QueueError):
 class SchemaError(QueueError):
     """The queue's tables were written by a newer version of this library, or are damaged:
     upgrade this library."""
+
+
+class TargetNotEmpty(QueueError):
+    """A restore was refused, nothing changed: its target holds data, and a restore replaces
+    the whole database (every queue in it, and any other table). Restore with `force=True`
+    (`--force`) to replace it anyway."""

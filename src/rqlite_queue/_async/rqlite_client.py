@@ -6,8 +6,11 @@ generated from it (`scripts/gen_sync.py`). The request itself is the HTTP librar
 from __future__ import annotations
 
 import asyncio
+import random
+import time
 from typing import Any
 
+from .._protocol.backup import Transfer, transfer
 from .._protocol.http import ClientState, Outcome, Send
 from .._protocol.sql import Batch, Result
 
@@ -44,6 +47,33 @@ class AsyncRqliteClient(ClientState):
                 return results
 
     async def _post(self, send: Send, path: str, body: bytes) -> Outcome:
+        raise NotImplementedError
+
+    async def transfer(self, request: Transfer, deadline: float) -> bytes:
+        """A backup or a load (`_protocol.backup.transfer`: moves on from node to node until
+        one answers, or `deadline`); returns the reply's body."""
+        steps = transfer(
+            request,
+            nodes=self.nodes,
+            deadline=deadline,
+            monotonic=time.monotonic,
+            jitter=random.random,
+        )
+        action = next(steps)
+        while True:
+            if isinstance(action, Send):
+                self.requests += 1
+                outcome: Outcome | None = await self._send_file(action, request)
+            else:
+                await asyncio.sleep(action.seconds)
+                outcome = None
+            try:
+                action = steps.send(outcome)
+            except StopIteration as done:
+                body: bytes = done.value
+                return body
+
+    async def _send_file(self, send: Send, request: Transfer) -> Outcome:
         raise NotImplementedError
 
     async def get_json(self, base_url: str, path: str, timeout: float) -> Any:

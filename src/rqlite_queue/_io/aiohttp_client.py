@@ -12,6 +12,7 @@ from typing import Any
 import aiohttp
 
 from .._async.rqlite_client import AsyncRqliteClient
+from .._protocol.backup import Transfer
 from .._protocol.http import (
     POOL_SIZE,
     Endpoints,
@@ -79,6 +80,27 @@ class AiohttpClient(AsyncRqliteClient):
         return HttpReply(
             response.status, content, response.headers.get("Date"), sent_at, self.clock()
         )
+
+    async def _send_file(self, send: Send, request: Transfer) -> Outcome:
+        """A backup or a load: the file as the body, or the reply's (read whole)."""
+        session = self._open()
+        headers = {"Content-Type": "application/octet-stream"} if request.body is not None else {}
+        timeout = aiohttp.ClientTimeout(total=send.timeout, connect=send.timeout * CONNECT_SHARE)
+        try:
+            async with session.request(
+                request.method,
+                self.endpoints.urls[send.node] + request.path,
+                data=request.body,
+                headers=headers,
+                timeout=timeout,
+                allow_redirects=False,
+            ) as response:
+                content = await response.read()
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+            return NotSent(str(exc))
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            return NoReply(repr(exc))
+        return HttpReply(response.status, content, response.headers.get("Date"))
 
     async def get_json(self, base_url: str, path: str, timeout: float) -> Any:
         """GET an rqlite node's JSON endpoint (`/status`, `/nodes`) with this client's

@@ -13,6 +13,7 @@ import os
 import sqlite3
 import threading
 import time
+from urllib.request import pathname2url
 
 from .._protocol.sql import Batch, Result
 from ..errors import BackendError, InvalidArgument, TransportClosed, Unavailable
@@ -99,11 +100,72 @@ class SqliteExecutor:
             cursor.close()
         return results
 
+    def backup_to(self, path: str) -> None:
+        """A consistent copy of the whole file into `path`, while other connections go on
+        writing (SQLite's online backup; the copy is made beside `path`, then renamed onto
+        it, so a failure never leaves half a file there). The copy is a plain file (rollback
+        journal, not WAL): one file, whole."""
+        with self._lock:
+            conn = self._open_connection()
+            scratch = f"{path}.partial-{os.getpid()}"
+            try:
+                copy = sqlite3.connect(scratch, isolation_level=None)
+                try:
+                    conn.backup(copy)
+                    copy.execute("PRAGMA journal_mode=DELETE")
+                finally:
+                    copy.close()
+                os.replace(scratch, path)
+            except sqlite3.Error as exc:
+                raise BackendError(f"sqlite: backup of {self.path} into {path}: {exc}") from exc
+            finally:
+                if os.path.exists(scratch):
+                    os.remove(scratch)
+
+    def restore_from(self, path: str) -> None:
+        """Replace the whole file with the database in `path` (SQLite's backup API the other
+        way: one write transaction). Refused (`Unavailable`) while another connection has the
+        file open, in this process or another: restoring under running clients would leave
+        them with leases and state the restore took away. (The check: leaving WAL mode needs
+        the only connection; the file goes back to WAL afterwards.)"""
+        with self._lock:
+            conn = self._open_connection()
+            conn.execute("PRAGMA busy_timeout = 200")
+            try:
+                mode = conn.execute("PRAGMA journal_mode=DELETE").fetchone()[0]
+            except sqlite3.OperationalError as exc:
+                mode = str(exc)
+            if mode != "delete":
+                raise Unavailable(
+                    f"sqlite: {self.path} is open in another connection (a worker, a "
+                    "dashboard?): stop every client of the file, then restore"
+                )
+            try:
+                source = sqlite3.connect(read_only_uri(path), uri=True)
+                try:
+                    source.backup(conn)
+                finally:
+                    source.close()
+            except sqlite3.Error as exc:
+                raise BackendError(f"sqlite: restore of {self.path} from {path}: {exc}") from exc
+            finally:
+                conn.execute("PRAGMA journal_mode=WAL")
+
+    def _open_connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise TransportClosed(f"sqlite: {self.path}: closed")
+        return self._conn
+
     def close(self) -> None:
         with self._lock:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+
+
+def read_only_uri(path: str) -> str:
+    """The URI that opens `path` read-only, without locks or a WAL (a backup file)."""
+    return "file:" + pathname2url(os.path.abspath(path)) + "?mode=ro&immutable=1"
 
 
 def _run(cursor: sqlite3.Cursor, batch: Batch) -> list[Result]:
@@ -143,6 +205,12 @@ class AsyncSqliteExecutor:
     def run_in(self, connection: object, batch: Batch) -> list[Result]:
         """As `SqliteExecutor.run_in`: on the caller's thread, the connection being its own."""
         return self._sync.run_in(connection, batch)
+
+    async def backup_to(self, path: str) -> None:
+        await asyncio.to_thread(self._sync.backup_to, path)
+
+    async def restore_from(self, path: str) -> None:
+        await asyncio.to_thread(self._sync.restore_from, path)
 
     async def close(self) -> None:
         await asyncio.to_thread(self._sync.close)

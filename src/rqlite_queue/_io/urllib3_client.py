@@ -13,6 +13,7 @@ import urllib3
 from urllib3.connection import HTTPConnection
 from urllib3.exceptions import ConnectTimeoutError, HTTPError, NewConnectionError, SSLError
 
+from .._protocol.backup import Transfer
 from .._protocol.http import (
     POOL_SIZE,
     Endpoints,
@@ -80,6 +81,27 @@ class Urllib3Client(RqliteClient):
         return HttpReply(
             response.status, response.data, response.headers.get("Date"), sent_at, self.clock()
         )
+
+    def _send_file(self, send: Send, request: Transfer) -> Outcome:
+        """A backup or a load: the file as the body, or the reply's (read whole)."""
+        headers = dict(self._headers)
+        if request.body is not None:
+            headers["Content-Type"] = "application/octet-stream"
+        try:
+            response = self._pools[send.node].urlopen(
+                request.method,
+                request.path,
+                body=request.body,
+                headers=headers,
+                timeout=urllib3.Timeout(connect=send.timeout, read=send.timeout),
+                retries=False,
+                redirect=False,
+            )
+        except (NewConnectionError, ConnectTimeoutError) as exc:
+            return NotSent(str(exc))
+        except (HTTPError, OSError) as exc:
+            return NoReply(repr(exc))
+        return HttpReply(response.status, response.data, response.headers.get("Date"))
 
     def get_json(self, base_url: str, path: str, timeout: float) -> Any:
         """GET an rqlite node's JSON endpoint (`/status`, `/nodes`) with this client's
