@@ -72,6 +72,8 @@ COMMANDS = [
     ["shards"],
     ["shards", "status"],
     ["shards", "drain"],
+    ["backup"],
+    ["restore"],
     ["demo"],
 ]
 

@@ -16,11 +16,11 @@ from collections.abc import Sequence
 import click
 
 from ..errors import QueueError
-from . import admin, dashboard, local, messages, schedules, shards, tenants, work
+from . import admin, backup, dashboard, local, messages, schedules, shards, tenants, work
 from ._base import _error, _state, cli
 
 __all__ = ["cli", "main"]
-_COMMAND_MODULES = (messages, work, admin, tenants, schedules, shards, dashboard, local)
+_COMMAND_MODULES = (messages, work, admin, tenants, schedules, shards, backup, dashboard, local)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
