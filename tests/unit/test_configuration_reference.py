@@ -15,7 +15,7 @@ import click
 import pytest
 
 import rqlite_queue
-from rqlite_queue import metrics, worker
+from rqlite_queue import backup, metrics, worker
 from rqlite_queue.cli import cli
 from rqlite_queue.testing import Cluster
 
@@ -34,6 +34,8 @@ TABLES: dict[str, list[Callable[..., Any]]] = {
     "Backoff": [worker.Backoff],
     "serve_metrics": [metrics.serve_metrics],
     "testing.Cluster": [Cluster],
+    "backup": [backup.backup, backup.backup_async],
+    "restore": [backup.restore, backup.restore_async],
 }
 
 
