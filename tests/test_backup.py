@@ -5,6 +5,7 @@ and what must be refused is refused before anything is replaced."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import gzip
 import shutil
@@ -15,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from rqlite_queue import SqliteTransport, Transport
+from rqlite_queue import AsyncSqliteTransport, AsyncTransport, SqliteTransport, Transport
 from rqlite_queue._protocol.sql import SCHEMA_VERSION
-from rqlite_queue.backup import backup, restore, shard_file
+from rqlite_queue.backup import backup, backup_async, restore, restore_async, shard_file
 from rqlite_queue.cli import main
 from rqlite_queue.errors import (
     InvalidArgument,
@@ -241,3 +242,35 @@ def test_an_older_schema_is_upgraded_on_first_use(tmp_path: Path) -> None:
             "SELECT value FROM rq_default_meta WHERE key = 'schema_version'"
         ).fetchone()
     assert version == (SCHEMA_VERSION,)
+
+
+def test_async_round_trip_on_rqlite(
+    rqlite_cluster_factory: Callable[..., Cluster], tmp_path: Path
+) -> None:
+    """`backup_async` / `restore_async`: the aiohttp requests, on one cluster restored onto
+    itself (with force) after the queue changed; then rqlite's file into an embedded queue,
+    and back out of it."""
+    cluster = rqlite_cluster_factory(1)
+    file = str(tmp_path / "queue.db")
+
+    async def run() -> None:
+        async with await AsyncTransport.from_url(cluster.url, queue="jobs") as q:
+            await q.publish_many([("g", 1), ("g", 2)])
+            assert await backup_async(q, file, vacuum=True) == [file]
+            lease = await q.claim("w", visibility=60)
+            assert lease is not None
+            await q.ack(lease)
+            await q.publish("h", 3)
+            with pytest.raises(TargetNotEmpty):
+                await restore_async(q, file)
+            await restore_async(q, file, force=True)
+            assert [event for _, event in await q.peek("g")] == [1, 2]
+            assert await q.peek("h") == []
+        async with AsyncSqliteTransport(str(tmp_path / "embedded.db"), queue="jobs") as q:
+            await restore_async(q, file)  # rqlite's file into an embedded queue
+            assert [event for _, event in await q.peek("g")] == [1, 2]
+            assert await backup_async(q, tmp_path / "again.db") == [str(tmp_path / "again.db")]
+        with SqliteTransport(str(tmp_path / "again.db"), queue="jobs") as copy:
+            assert copy.stats().depth == 2
+
+    asyncio.run(run())
