@@ -17,10 +17,12 @@ from typing import Any
 import pytest
 
 from rqlite_queue import AsyncSqliteTransport, AsyncTransport, SqliteTransport, Transport
+from rqlite_queue._io.backup_files import write_whole
 from rqlite_queue._protocol.sql import SCHEMA_VERSION
 from rqlite_queue.backup import backup, backup_async, restore, restore_async, shard_file
 from rqlite_queue.cli import main
 from rqlite_queue.errors import (
+    BackendError,
     InvalidArgument,
     SchemaError,
     TargetNotEmpty,
@@ -274,3 +276,17 @@ def test_async_round_trip_on_rqlite(
             assert copy.stats().depth == 2
 
     asyncio.run(run())
+
+
+def test_a_backup_cut_short_never_replaces_a_good_one(tmp_path: Path) -> None:
+    """rqlite streams a backup after its 200: a copy cut short by a failure on the leader
+    reads as a success. It is checked before it is renamed onto the file."""
+    file = tmp_path / "backup.db"
+    with SqliteTransport(str(tmp_path / "live.db"), queue="jobs") as q:
+        q.publish_many([("g", "x" * 1000) for _ in range(50)])
+        backup(q, file)
+    good = file.read_bytes()
+    with pytest.raises(BackendError, match="not a sound database"):
+        write_whole(str(file), good[: len(good) // 2])
+    assert file.read_bytes() == good
+    assert [p.name for p in tmp_path.iterdir() if "partial" in p.name] == []

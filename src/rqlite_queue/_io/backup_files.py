@@ -10,7 +10,7 @@ import sqlite3
 from dataclasses import dataclass
 
 from .._protocol import backup
-from ..errors import InvalidArgument
+from ..errors import BackendError, InvalidArgument
 from .sqlite import _run, read_only_uri
 
 
@@ -23,17 +23,34 @@ class BackupFile:
 
 
 def write_whole(path: str, data: bytes) -> None:
-    """`data` into `path`: written beside it, synced, then renamed onto it."""
+    """A backup's `data` into `path`: written beside it, synced, checked (SQLite's
+    `quick_check`: rqlite streams a backup after its 200, so one cut short by a failure on
+    the leader still reads as a success), then renamed onto it: a bad copy never replaces
+    a good one."""
     scratch = f"{path}.partial-{os.getpid()}"
     try:
         with open(scratch, "wb") as file:
             file.write(data)
             file.flush()
             os.fsync(file.fileno())
+        _check_sound(scratch, path)
         os.replace(scratch, path)
     finally:
         if os.path.exists(scratch):
             os.remove(scratch)
+
+
+def _check_sound(file: str, shown: str) -> None:
+    try:
+        conn = sqlite3.connect(read_only_uri(file), uri=True)
+        try:
+            check = conn.execute("PRAGMA quick_check").fetchall()
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        check = [(str(exc),)]
+    if check != [("ok",)]:
+        raise BackendError(f"{shown}: the backup received is not a sound database: {check[0][0]}")
 
 
 def read_backup(path: str) -> BackupFile:
