@@ -1,7 +1,8 @@
 """The queue's errors: one small hierarchy, so callers can catch as broadly as they like. Each
 says whether the call applied, and so what to do next:
 
-- not applied, fix the input: `InvalidArgument` (`PayloadTooLarge`, `EncodeError`);
+- not applied, fix the input: `InvalidArgument` (`PayloadTooLarge`, `EncodeError`,
+  `InvalidHeaders`);
 - not applied, retry later: `Unavailable` (`NoLeader`, `ShardDown`), `QueueFull`;
 - may have applied: `OutcomeUnknown` (retry only what is safe to repeat);
 - partly applied: `PartialRound` (resend what it lists);
@@ -60,6 +61,12 @@ class PayloadTooLarge(InvalidArgument):
 
 class EncodeError(InvalidArgument):
     """The codec cannot encode this payload: nothing was written."""
+
+
+class InvalidHeaders(InvalidArgument):
+    """A message's headers are not a mapping of non-empty str keys to str values, or are
+    over the limits (`types.MAX_HEADERS` entries, `types.MAX_HEADERS_BYTES` bytes as
+    stored): nothing was written."""
 
 
 class DecodeError(QueueError):

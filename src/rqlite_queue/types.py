@@ -3,7 +3,8 @@ round did, the shape of a `publish_many` item, and the limits callers check agai
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import json
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,7 +17,57 @@ GROUP_STATES = ("ready", "leased", "parked", "delayed", "held")
 
 PublishItem = tuple[str, Any] | tuple[str, Any, int] | Mapping[str, Any]
 """`(group_id, event)`, `(group_id, event, priority)`, or a mapping with those keys (and
-optionally `dedup_id`, `delay`, `not_before`, `ttl`, `tenant`, `debounce`, `max_wait`)."""
+optionally `dedup_id`, `delay`, `not_before`, `ttl`, `tenant`, `debounce`, `max_wait`,
+`headers`)."""
+MAX_HEADERS = 64
+"""Most headers on one message."""
+MAX_HEADERS_BYTES = 8 * 1024
+"""Most bytes of a message's headers, keys and values, as stored (compact JSON, UTF-8)."""
+
+
+class Headers(Mapping[str, str]):
+    """A message's headers: a read-only mapping of str to str (empty when it has none). Given
+    to `publish(headers=...)`, returned on `Lease.headers` and `DeadLetter.headers`."""
+
+    __slots__ = ("_items",)
+    _items: dict[str, str]
+
+    def __init__(self, items: Mapping[str, str] | None = None) -> None:
+        object.__setattr__(self, "_items", dict(items) if items else {})
+
+    @classmethod
+    def stored(cls, text: str | None) -> Headers:
+        """The headers as the queue stores them (a JSON object; None: none)."""
+        return NO_HEADERS if text is None else cls(json.loads(text))
+
+    def __getitem__(self, key: str) -> str:
+        return self._items[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Mapping):
+            return self._items == dict(other.items())
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(frozenset(self._items.items()))
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("headers are read-only")
+
+    def __reduce__(self) -> tuple[type[Headers], tuple[dict[str, str]]]:
+        return (Headers, (self._items,))  # (copied and pickled as made)
+
+    def __repr__(self) -> str:
+        return f"Headers({self._items!r})"
+
+
+NO_HEADERS = Headers()
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -58,6 +109,9 @@ class Lease:
     shard: str = ""
     """The shard the message is on (a sharded transport's; "" on one cluster). Seqs are per
     shard."""
+    headers: Headers = NO_HEADERS
+    """The message's headers (`publish(headers=...)`; with OpenTelemetry, the trace context
+    of its publish): a read-only mapping, empty when it has none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +128,8 @@ class DeadLetter:
     dead_at: float
     shard: str = ""
     """The shard it is on (a sharded transport's; "" on one cluster): seqs are per shard."""
+    headers: Headers = NO_HEADERS
+    """The message's headers (a read-only mapping, empty when it had none)."""
 
     @property
     def cursor(self) -> str:

@@ -185,6 +185,7 @@ class LookAlike:
     attempts: int
     expires_at: float
     shard: str
+    headers: Any
 
 
 WRONG_TYPES: dict[str, Any] = {

@@ -1,7 +1,8 @@
-"""The upgrade path, tested from real older databases: `fixtures/v1.db` to `v4.db` were
-written by the schema-v1 to v4 code (see `make_v1_fixture.py` to `make_v4_fixture.py`), with a
+"""The upgrade path, tested from real older databases: `fixtures/v1.db` to `v5.db` were
+written by the schema-v1 to v5 code (see `make_v1_fixture.py` to `make_v5_fixture.py`), with a
 message leased, one parked, one lapsed, one dead-lettered and deduplicated publishes in them
-(and, since v2, a schedule and a held group; in v4, a queue whose tenants are on). Opened by this
+(and, since v2, a schedule and a held group; since v4, a queue whose tenants are on; in v5, a
+tenant's limits and a debounced message). Opened by this
 code (several clients racing to upgrade it, on SQLite and on a 3-node rqlite), every one of
 them behaves as before."""
 
@@ -21,10 +22,11 @@ import pytest
 
 from rqlite_queue import Lease, LeaseLost, RqliteTransport, SqliteTransport, Transport
 from rqlite_queue._protocol import sql
+from rqlite_queue.errors import QueueFull
 from rqlite_queue.testing import Cluster
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
-VERSIONS = ["v1", "v2", "v3", "v4"]
+VERSIONS = ["v1", "v2", "v3", "v4", "v5"]
 RACERS = 4
 
 
@@ -257,7 +259,7 @@ def test_a_v4_queue_with_tenants_on_keeps_them_and_takes_limits(
     """Schema v5: a queue whose tenants were on keeps its weights and counts, and its claims
     keep to limits set after the upgrade, even those of a client that assumes tenants off
     (the upgrade marks the queue so that such a claim fails and is made again)."""
-    if version != "v4":
+    if version not in ("v4", "v5"):
         pytest.skip("tenants came with v4")
     clock = Clock(facts(version)["clock"] + 1)
     q = open_v1(clock, queue="tenanted")
@@ -278,3 +280,42 @@ def test_a_v4_queue_with_tenants_on_keeps_them_and_takes_limits(
     assert len(leases) == 1  # the tenant without the fixture's lease, once
     assert q.router.backend.fair  # type: ignore[attr-defined]
     assert q.claim_many("w", 30, 10) == []
+
+
+def test_a_v5_queue_keeps_its_limits_and_debounce_and_its_messages_take_headers(
+    open_v1: Callable[..., Transport], version: str
+) -> None:
+    """Schema v6: a v5 queue's tenant limits and pending debounced message are kept; its
+    messages have no headers (an empty mapping, claimed or dead-lettered), and messages
+    published after the upgrade keep theirs, through a debounced replacement, a claim, a dead
+    letter and its requeue."""
+    if version != "v5":
+        pytest.skip("limits and debounce came with v5")
+    clock = Clock(facts(version)["clock"] + 1)
+    q = open_v1(clock, queue="limited")
+    q.setup()
+    acme = {t.name: t for t in q.tenants()}["acme"]
+    assert (acme.max_in_flight, acme.rate, acme.max_queued, acme.max_group_queued) == (
+        1,
+        10.0,
+        3,
+        2,
+    )
+    with pytest.raises(QueueFull):  # a0 holds one: two more go over its group's bound
+        q.publish_many([{"group_id": "a0", "event": 9, "tenant": "acme"}] * 2)
+    [(pending, event)] = q.peek("deb")
+    assert event == {"v": 1}
+    replaced = q.publish("deb", {"v": 2}, debounce="k", delay=60, headers={"h": "2"})
+    assert replaced == pending
+    clock.now += 120  # past the run's max_wait: due
+    leases = {lease.group_id: lease for lease in q.claim_many("w", 30, 10)}
+    assert set(leases) in ({"deb", "a0"}, {"deb", "a1"})  # acme: one in flight at most
+    assert (leases["deb"].event, dict(leases["deb"].headers)) == ({"v": 2}, {"h": "2"})
+    old = leases.get("a0") or leases["a1"]
+    assert old.headers == {} and len(old.headers) == 0
+    q.dead_letter(old, "old")
+    q.dead_letter(leases["deb"], "new")
+    assert {d.reason: dict(d.headers) for d in q.dead_letters()} == {"old": {}, "new": {"h": "2"}}
+    assert q.requeue_dead() == 2
+    again = {lease.group_id: lease for lease in q.claim_many("w", 30, 10)}
+    assert dict(again["deb"].headers) == {"h": "2"}

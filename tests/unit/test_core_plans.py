@@ -62,12 +62,16 @@ def lease(seq: int, group: str, token: str = "w:T0") -> Lease:
 
 def test_a_claim_reads_its_leases_and_a_resend_reads_the_same() -> None:
     plan = claim(core(), "w", 30, 2, 0)
-    rows = [[9, "b", '{"n":9}', 2, NOW + 30, None, 12], [7, "a", '{"n":7}', 1, NOW + 30, None, 3]]
+    # (seq, group, event, attempts, lease's end, message's end, rowid, headers, tenants on)
+    rows = [
+        [9, "b", '{"n":9}', 2, NOW + 30, None, 12, '{"k":"v"}', 0],
+        [7, "a", '{"n":7}', 1, NOW + 30, None, 3, None, 0],
+    ]
     canned = reply(plan.batch, leased=sql.Result(rows=rows))
     leases = plan.read(canned).leases
-    assert [(x.seq, x.group_id, x.event, x.attempts) for x in leases] == [
-        (7, "a", {"n": 7}, 1),
-        (9, "b", {"n": 9}, 2),
+    assert [(x.seq, x.group_id, x.event, x.attempts, dict(x.headers)) for x in leases] == [
+        (7, "a", {"n": 7}, 1, {}),
+        (9, "b", {"n": 9}, 2, {"k": "v"}),
     ]
     assert {x.token for x in leases} == {"w:T1"}
     assert plan.replay is not None and plan.replay_batch is not None
@@ -77,7 +81,10 @@ def test_a_claim_reads_its_leases_and_a_resend_reads_the_same() -> None:
 
 def test_a_lease_on_an_expired_message_is_set_apart() -> None:
     plan = claim(core(), "w", 30, 2, 0)
-    rows = [[7, "a", "1", 1, NOW + 30, NOW - 1, 1], [9, "b", "2", 1, NOW + 30, NOW + 60, 2]]
+    rows = [
+        [7, "a", "1", 1, NOW + 30, NOW - 1, 1, None, 0],
+        [9, "b", "2", 1, NOW + 30, NOW + 60, 2, None, 0],
+    ]
     result = plan.read(reply(plan.batch, leased=sql.Result(rows=rows)))
     assert [x.seq for x in result.leases] == [9]
     assert [x.seq for x in result.expired] == [7]

@@ -18,11 +18,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import _tracing
 from .._protocol.checks import check_bool, check_int, check_seconds
 from .._protocol.params import MAX_PUBLISH
 from .._protocol.retry import ROUND_ERRORS, Backoff
 from .._protocol.worker_policy import FailurePolicy, PriorityShare, Verdict, heartbeat_due
-from .._runtime import LOCAL_PUBLISHES, SKIPPED, AsyncRuntime
+from .._runtime import LOCAL_PUBLISHES, SKIPPED, AsyncRuntime, is_async_handler
 from ..errors import (
     AuthError,
     InvalidArgument,
@@ -289,6 +290,9 @@ class AsyncWorker:
         """When (the transport's clock) to look for due schedules next."""
         self._next_due: float | None = None
         """When the last idle probe said a lease, park, delay or rate limit ends."""
+        self._traced = _tracing.installed()
+        """OpenTelemetry is installed: rounds that claim and handlers are traced while a
+        tracer provider is set (`_tracing`)."""
 
     # ----------------------------------------------------------------------------- control
 
@@ -391,6 +395,11 @@ class AsyncWorker:
             if retry_due:
                 pending.put_back(self._retry.take())
             self._settling = pending.leases()
+            traced = (
+                _tracing.claim_round(self.transport.queue, self.worker_id)
+                if (self._traced and free)
+                else None
+            )
             started = self._round_started = time.monotonic()
             try:
                 result = await self.transport.settle_and_claim(
@@ -411,6 +420,8 @@ class AsyncWorker:
                 log.error("worker %s: stopping: %s", self.worker_id, exc)
                 raise
             except QueueError as exc:
+                if traced is not None:
+                    traced.failed(exc)
                 self._pending.put_back(pending)
                 self.stats.claim_errors += 1
                 self._round_failures += 1
@@ -435,11 +446,19 @@ class AsyncWorker:
             claimed_at = time.monotonic()
             if result.leases:
                 self._last_work = claimed_at
-            for lease in result.leases:
+            contexts = traced.received(result.leases) if traced and result.leases else None
+            for index, lease in enumerate(result.leases):
                 key = (lease.group_id, lease.seq)
                 self._running[key] = lease
                 self._waiting[id(lease)] = (key, claimed_at)
-                runtime.start(self.handler, lease, key, self._on_done, self._finish, self._admit)
+                handler, finish = self.handler, self._finish
+                if traced is not None and contexts is not None:
+                    # In the lease's process span, its follow-ups checked within it.
+                    handler = traced.handler(
+                        handler, finish, lease, contexts[index], is_async_handler(handler)
+                    )
+                    finish = None
+                runtime.start(handler, lease, key, self._on_done, finish, self._admit)
 
     async def _keep_leases(self, runtime: AsyncRuntime) -> None:
         """Beside the loop: while a round trip is stuck (on a frozen or cut-off node, until

@@ -73,6 +73,13 @@ T = TypeVar("T")
 _FULL = "this publish would go over a bound on queued messages (nothing was written)"
 
 
+class SchemaChanged(SchemaError):
+    """A fenced batch found the stored schema version other than this code's (it changed
+    nothing): the tables were migrated (or restored) since this client checked them. The
+    backend checks the version again: a newer one is refused (`SchemaError`), an older one
+    upgraded."""
+
+
 class TenantsTurnedOn(BackendError):
     """A claim that assumed the queue's tenants off found them on (it changed nothing): the
     client now knows, and claims again (never reaches the caller)."""
@@ -199,6 +206,24 @@ class QueueCore:
         """The stored schema version, read only."""
         self._now()
         return Plan(sql.schema_version(self.names), sql.read_version)
+
+    def fenced(self, batch: sql.Batch) -> sql.Batch:
+        """`batch` with the schema fence (`sql.fenced`): it fails, or a read reports it,
+        unless the stored schema version is this code's."""
+        return sql.fenced(self.names, batch)
+
+    def check_fence(self, reply: sql.Reply) -> None:
+        """Raise `SchemaChanged` if a fenced read found another schema version."""
+        found = sql.read_fence(reply)
+        if found is not None:
+            raise SchemaChanged(self._changed(found))
+
+    def _changed(self, found: int | None) -> str:
+        now = "" if found is None else f" (now {found})"
+        return (
+            f"queue {self.names.queue!r}: its schema version changed since this client "
+            f"checked it{now}; this library knows {sql.SCHEMA_VERSION}"
+        )
 
     def upgrade(self, version: int) -> Plan[int] | None:
         """The plan that brings a database at `version` to this code's (None: it is)."""
@@ -613,6 +638,8 @@ class QueueCore:
     def refined(self, error: QueueError) -> QueueError:
         """The typed error a failed batch stands for (a guard statement's refusal), or
         `error` itself."""
+        if sql.SCHEMA_FENCE_ERROR.format(meta=self.names.meta) in str(error):
+            return SchemaChanged(self._changed(None))
         if sql.QUEUE_FULL_ERROR.format(tenants=self.names.tenants) in str(error):
             return QueueFull(_FULL)
         if sql.TENANTS_ON_ERROR.format(claims=self.names.claims) in str(

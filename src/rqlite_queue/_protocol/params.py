@@ -8,13 +8,22 @@ field here with its check and meaning (plus the SQL, if it is stored)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
-from ..errors import InvalidArgument
-from ..types import MAX_BATCH, MAX_PRIORITY, FollowUps, Lease, PublishItem
+from ..errors import InvalidArgument, InvalidHeaders
+from ..types import (
+    MAX_BATCH,
+    MAX_HEADERS,
+    MAX_HEADERS_BYTES,
+    MAX_PRIORITY,
+    FollowUps,
+    Lease,
+    PublishItem,
+)
 from . import sql
 from .cadence import check_cadence, next_after
 from .checks import (
@@ -54,12 +63,18 @@ class Message:
     tenant: Any = None
     debounce: Any = None
     max_wait: Any = None
+    headers: Any = None
 
     def checked(
-        self, now: float, encode: Callable[[Any], str], dedup_id: Callable[[Any], str | None]
+        self,
+        now: float,
+        encode: Callable[[Any], str],
+        dedup_id: Callable[[Any], str | None],
+        trace: TraceHeaders | None = None,
     ) -> sql.NewMessage:
         """The row to insert: every field checked, the event encoded, the dedup id (given,
-        or `dedup_id(event)`) checked."""
+        or `dedup_id(event)`) checked, the headers checked and encoded (with `trace`'s, the
+        trace context of the publish, over the given ones)."""
         check_id(self.group_id, "group_id")
         check_int(self.priority, "priority", 0, MAX_PRIORITY)
         due = 0.0
@@ -97,6 +112,10 @@ class Message:
             dedup = self.dedup_id if self.dedup_id is not None else dedup_id(self.event)
         if dedup is not None:
             check_id(dedup, "dedup_id")
+        if self.headers is not None:
+            headers = check_headers(self.headers, trace)
+        else:
+            headers = None if trace is None else trace.text
         return sql.NewMessage(
             self.group_id,
             text,
@@ -107,6 +126,7 @@ class Message:
             self.tenant,
             self.debounce,
             due_by,
+            headers,
         )
 
     @classmethod
@@ -149,6 +169,51 @@ class Message:
 
 
 ITEM_KEYS = frozenset(f.name for f in fields(Message))
+
+
+@dataclass(frozen=True, slots=True)
+class TraceHeaders:
+    """The headers a publish adds to each of its messages (OpenTelemetry's trace context), as
+    given and encoded once for all of them."""
+
+    given: Mapping[str, str]
+    text: str
+
+    @classmethod
+    def of(cls, given: Mapping[str, str] | None) -> TraceHeaders | None:
+        return cls(dict(given), _encoded(given)) if given else None
+
+
+def check_headers(given: object, trace: TraceHeaders | None = None) -> str | None:
+    """A message's headers as stored (compact JSON; None: none): a mapping of non-empty str
+    keys to str values, neither holding a NUL, at most MAX_HEADERS of them and
+    MAX_HEADERS_BYTES encoded (`InvalidHeaders` otherwise). `trace`'s headers are added over
+    them after the check (they are not counted against the limits)."""
+    if not isinstance(given, Mapping):
+        raise InvalidHeaders(f"headers must be a mapping of str to str, got {show(given)}")
+    if len(given) > MAX_HEADERS:
+        raise InvalidHeaders(f"at most {MAX_HEADERS} headers per message, got {len(given)}")
+    for key, value in given.items():
+        if not isinstance(key, str) or not key:
+            raise InvalidHeaders(f"header names must be non-empty strings, got {show(key)}")
+        if not isinstance(value, str):
+            raise InvalidHeaders(f"header {show(key)}: values must be strings, got {show(value)}")
+        if "\x00" in key or "\x00" in value:
+            raise InvalidHeaders(f"header {show(key)} holds a NUL character")
+    if not given:
+        return None if trace is None else trace.text
+    text = _encoded(given)
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise InvalidHeaders(f"headers are not valid Unicode text: {exc.reason}") from None
+    if size > MAX_HEADERS_BYTES:
+        raise InvalidHeaders(f"headers are {size} bytes encoded; the limit is {MAX_HEADERS_BYTES}")
+    return text if trace is None else _encoded({**given, **trace.given})
+
+
+def _encoded(headers: Mapping[str, str]) -> str:
+    return json.dumps(dict(headers), ensure_ascii=False, separators=(",", ":"))
 
 
 def check_tenant(name: object) -> str:

@@ -55,7 +55,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..types import MAX_PRIORITY, TenantInfo
@@ -267,6 +267,38 @@ def read_version(reply: Reply) -> int:
     if not rows:
         raise ValueError("schema version missing")
     return int(rows[0][0])
+
+
+SCHEMA_FENCE_ERROR = "NOT NULL constraint failed: {meta}.value"
+"""How a write fails when the stored schema version is not this code's (see `fenced`)."""
+
+
+def fenced(n: Names, batch: Batch) -> Batch:
+    """`batch` with the schema fence at its end (its slots unchanged). A write fails, in its
+    own transaction, with SCHEMA_FENCE_ERROR unless the stored schema version is this code's
+    (a newer library migrated the tables while this client ran, or an older copy of the data
+    was restored): nothing of it applies. A read gets the stored version (slot
+    "schema_fence"), which the client checks before it believes the rest. One lookup of the
+    meta table's primary key."""
+    if batch.write:
+        statement = Statement(
+            f"INSERT INTO {n.meta} (key, value) SELECT 'schema_fence', NULL FROM {n.meta} "
+            f"WHERE \"key\" = 'schema_version' AND value != :schema",
+            {"schema": SCHEMA_VERSION},
+        )
+        slots = batch.slots
+    else:
+        statement = Statement(f"SELECT value FROM {n.meta} WHERE \"key\" = 'schema_version'")
+        slots = {**batch.slots, "schema_fence": len(batch.statements)}
+    return replace(batch, statements=(*batch.statements, statement), slots=slots)
+
+
+def read_fence(reply: Reply) -> int | None:
+    """The stored schema version a fenced read found when it is not this code's (None: it
+    is)."""
+    rows = reply["schema_fence"].rows
+    version = int(rows[0][0]) if rows else 0
+    return None if version == SCHEMA_VERSION else version
 
 
 def _still_at(b: _Builder, n: Names, version: int) -> None:

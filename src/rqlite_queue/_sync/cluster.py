@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
-from .._protocol.core import Plan, QueueCore, TenantsTurnedOn
+from .._protocol.core import Plan, QueueCore, SchemaChanged, TenantsTurnedOn
 from .._protocol.http import STATUS_TIMEOUT, applied_index, parse_nodes
 from .._protocol.params import MAX_PUBLISH, CheckedRound, RoundSpec
 from .._protocol.retry import FAILOVER, MIN_ATTEMPT, Retry
@@ -101,7 +101,19 @@ class Backend:
         raise BackendError(f"queue {queue!r}: could not upgrade the schema: {failure}")
 
     def run(self, plan: Plan[T], deadline: float) -> T:
-        """Run `plan`; after a lost reply, send it again where the plan says that is safe."""
+        """Run `plan`; after a lost reply, send it again where the plan says that is safe.
+        Every batch carries the schema fence: if the tables' version moved since this client
+        checked it, nothing applied, and the version is checked again (a newer one: this
+        client is refused with `SchemaError`; an older one, restored: upgraded, and the plan
+        run once more)."""
+        try:
+            return self._run(plan, deadline)
+        except SchemaChanged:
+            self.schema_checked = False
+            self.setup(deadline)
+            return self._run(plan, deadline)
+
+    def _run(self, plan: Plan[T], deadline: float) -> T:
         if not self.schema_checked:
             self.setup(deadline)
         if plan.lease_for is not None:
@@ -131,14 +143,22 @@ class Backend:
     def _send(self, plan: Plan[T], deadline: float) -> T:
         if not plan.batch.statements:
             return plan.read(Reply(plan.batch, []))  # nothing to do (an empty settle, say)
+        batch = self.core.fenced(plan.batch) if self.schema_checked else plan.batch
         results = self.executor.execute(
-            plan.batch, deadline, lease_for=plan.lease_for, final=plan.replay is None
+            batch, deadline, lease_for=plan.lease_for, final=plan.replay is None
         )
-        return plan.read(Reply(plan.batch, results))
+        return plan.read(self._checked(batch, results))
+
+    def _checked(self, batch: Batch, results: list[Result]) -> Reply:
+        """The reply, once a fenced read's version is checked (a write's fence fails it)."""
+        reply = Reply(batch, results)
+        if self.schema_checked and not batch.write:
+            self.core.check_fence(reply)
+        return reply
 
     def _replay(self, plan: Plan[T], read: Callable[[Reply], T], deadline: float) -> T:
         """Send a retry-safe batch again after an unknown outcome, until `deadline`."""
-        batch = plan.replay_batch or plan.batch
+        batch = self.core.fenced(plan.replay_batch or plan.batch)
         retry = Retry(FAILOVER, deadline)
         while True:
             wait = retry.wait(time.monotonic())
@@ -153,7 +173,7 @@ class Backend:
                 results = self.executor.execute(
                     batch, deadline, lease_for=plan.lease_for, resend=retry.failures
                 )
-                return read(Reply(batch, results))
+                return read(self._checked(batch, results))
             except (Unavailable, OutcomeUnknown) as exc:
                 # Whatever this attempt met, the first one may have applied.
                 if time.monotonic() + MIN_ATTEMPT >= deadline:
@@ -233,8 +253,16 @@ class Backend:
                     f"{version}): call setup() before publishing in your own transaction"
                 )
             self.schema_checked = True
-        results: list[Result] = run_in(connection, plan.batch)
-        return plan.read(Reply(plan.batch, results))
+        batch = self.core.fenced(plan.batch)
+        try:
+            results: list[Result] = run_in(connection, batch)
+        except BackendError as exc:
+            refined = self.core.refined(exc)
+            if isinstance(refined, SchemaChanged):
+                self.schema_checked = False  # the next call checks the version again
+                raise refined from None
+            raise
+        return plan.read(self._checked(batch, results))
 
     def nodes(self) -> list[NodeView]:
         """The rqlite nodes of this cluster (none for the embedded file): which answer, which

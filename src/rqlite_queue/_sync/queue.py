@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
+from .. import _tracing
 from .._io.sqlite import SqliteExecutor
 from .._io.urllib3_client import Urllib3Client
 from .._protocol import sharding
@@ -70,6 +71,7 @@ class Transport:
         self.router = router
         """How this queue reaches its cluster(s)."""
         self._core = core
+        core.trace_headers = _tracing.hook()
         self.deadline = float(deadline)
 
     @property
@@ -157,6 +159,7 @@ class Transport:
         tenant: str | None = None,
         debounce: str | None = None,
         max_wait: float | None = None,
+        headers: Mapping[str, str] | None = None,
         connection: object = None,
     ) -> int:
         """Append `event` to `group_id`'s FIFO; returns its seq. `priority` (0-4) is fixed by
@@ -178,6 +181,11 @@ class Transport:
         (seconds): never later than that after the run's first publish. Not with `dedup_id`
         (sent again, a debounced publish replaces its message again).
 
+        `headers`: str keys and values stored with the message and returned on
+        `Lease.headers` (at most 64 of them, 8 KiB encoded; `InvalidHeaders` otherwise).
+        With OpenTelemetry (the `otel` extra, a tracer provider set), the publish's trace
+        context is added to them (`traceparent`, `tracestate`).
+
         `connection` (the embedded queue): a `sqlite3.Connection` of the caller's to the
         queue's file, with a transaction open; the publish runs in that transaction, and
         commits or rolls back with the caller's own writes."""
@@ -192,10 +200,20 @@ class Transport:
             tenant=tenant,
             debounce=debounce,
             max_wait=max_wait,
+            headers=headers,
         )
         return (self._publish([message], connection))[0]
 
     def _publish(self, given: Sequence[Message], connection: object = None) -> list[int]:
+        span = None if self._core.trace_headers is None else _tracing.publishing(self.queue, given)
+        if span is None:
+            return self._send(given, connection)
+        with span as current:  # (the messages are checked within it: they carry its context)
+            seqs = self._send(given, connection)
+            _tracing.published(current, seqs)
+            return seqs
+
+    def _send(self, given: Sequence[Message], connection: object = None) -> list[int]:
         messages = self._core.messages(given, scoped=self.router.scoped_dedup)
         if connection is None:
             return self.router.publish(messages, self._by())
@@ -240,7 +258,8 @@ class Transport:
     def publish_many(self, items: Iterable[PublishItem], *, connection: object = None) -> list[int]:
         """Publish many messages in one round trip, atomically, in order. Items are
         `(group_id, event)`, `(group_id, event, priority)` or mappings with those keys and
-        optionally `dedup_id`, `delay`, `not_before`, `ttl` (as `publish` takes them). On a
+        optionally `dedup_id`, `delay`, `not_before`, `ttl`, `tenant`, `debounce`, `max_wait`,
+        `headers` (as `publish` takes them). On a
         sharded queue: atomic on each shard, not across shards (a shard that fails leaves the
         others' messages published; the error names it). `connection`: as `publish` takes
         it."""

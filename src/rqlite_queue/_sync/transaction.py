@@ -7,7 +7,7 @@ none. This file is the source; `_sync/transaction.py` is generated from it."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -71,6 +71,7 @@ class Transaction:
         delay: float | None = None,
         not_before: float | None = None,
         ttl: float | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> Published:
         """As `queue.publish`, when the transaction commits (checked now)."""
         message = Message(
@@ -81,6 +82,7 @@ class Transaction:
             delay=delay,
             not_before=not_before,
             ttl=ttl,
+            headers=headers,
         )
         return self._add([message])
 
