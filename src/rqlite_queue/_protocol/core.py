@@ -37,6 +37,7 @@ from ..types import (
     CheckedItems,
     DeadLetter,
     GroupInfo,
+    Headers,
     Lease,
     Probe,
     PublishItem,
@@ -62,6 +63,7 @@ from .params import (
     RoundSpec,
     ScheduleSpec,
     Settlement,
+    TraceHeaders,
     check_reason,
     check_tenant,
 )
@@ -167,6 +169,9 @@ class QueueCore:
         self.dedup_key = dedup_key
         self.max_skew = max_skew
         self.closed = False
+        self.trace_headers: Callable[[], Mapping[str, str] | None] | None = None
+        """What every message checked now carries besides its own headers: the trace context
+        in force (OpenTelemetry's, set by the transport when it is installed; None: nothing)."""
 
     def _now(self) -> float:
         if self.closed:
@@ -243,9 +248,10 @@ class QueueCore:
         """Check and encode messages to publish. `scoped`: dedup ids are scoped to their
         group (a sharded queue's: the same id in two groups is two messages)."""
         now = self._now()
+        trace = None if self.trace_headers is None else TraceHeaders.of(self.trace_headers())
 
         def checked(m: Message) -> sql.NewMessage:
-            row = m.checked(now, self._encode, self._dedup_id)
+            row = m.checked(now, self._encode, self._dedup_id, trace)
             if scoped and row.dedup_id is not None:
                 return dataclasses.replace(
                     row, dedup_id=scoped_dedup_id(row.group_id, row.dedup_id)
@@ -324,6 +330,7 @@ class QueueCore:
                         due=due,
                         expires=m.expires,
                         tenant=m.tenant or run.tenant,
+                        headers=m.headers,
                     )
                 where.append(at)
                 continue
@@ -487,7 +494,13 @@ class QueueCore:
             read_at = self.clock()
             for r in sql.read_leased(reply):
                 lease = Lease(
-                    r.seq, r.group_id, self._decode(r.event), token, r.attempts, r.expires_at
+                    r.seq,
+                    r.group_id,
+                    self._decode(r.event),
+                    token,
+                    r.attempts,
+                    r.expires_at,
+                    headers=Headers.stored(r.headers),
                 )
                 gone = r.message_expires is not None and r.message_expires <= read_at
                 (expired if gone else leases).append(lease)
@@ -743,6 +756,7 @@ class QueueCore:
                     str(r[5]),
                     float(r[6]),
                     float(r[7]),
+                    headers=Headers.stored(r[8]),
                 )
                 for r in reply["dead"].rows
             ]

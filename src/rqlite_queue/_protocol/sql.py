@@ -60,7 +60,7 @@ from typing import Any
 
 from ..types import MAX_PRIORITY, TenantInfo
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 RETIRE_WINDOW = 300.0
 PAUSED_UNTIL = 1e15
 """The expiry of the pause row of `claims`: far beyond any time, so pruning never drops it."""
@@ -381,6 +381,7 @@ def create(n: Names) -> Batch:
     )
     _to_v4(b, n)
     _to_v5(b, n)
+    _to_v6(b, n)
     _set_version(b, n, SCHEMA_VERSION)
     return b.build()
 
@@ -527,6 +528,14 @@ def _to_v5(b: _Builder, n: Names) -> None:
     _tenants_mark(b, n)
 
 
+def _to_v6(b: _Builder, n: Names) -> None:
+    """v5 -> v6: message headers (`headers`: a JSON object of str to str; NULL: none) on
+    messages, dead letters and the outbox. v5 clients keep working on a v6 queue: they write
+    no headers and read none."""
+    for table in (n.messages, n.dead, n.outbox):
+        b.add(f"ALTER TABLE {table} ADD COLUMN headers TEXT")
+
+
 _BOUNDED = "max_queued IS NOT NULL OR max_group_queued IS NOT NULL"
 
 
@@ -565,7 +574,7 @@ def _tenant_counting(n: Names) -> list[str]:
 
 
 # Each step takes a database from the version before it to its own.
-MIGRATIONS = {2: _to_v2, 3: _to_v3, 4: _to_v4, 5: _to_v5}
+MIGRATIONS = {2: _to_v2, 3: _to_v3, 4: _to_v4, 5: _to_v5, 6: _to_v6}
 
 
 def migrate(n: Names, version: int) -> Batch:
@@ -603,6 +612,8 @@ class NewMessage:
     """Replaces its group's pending message with the same key, if there is one."""
     due_by: float | None = None
     """With `debounce`: its due time never moves past this (None: no bound)."""
+    headers: str | None = None
+    """Its headers, encoded (a JSON object; None: none)."""
 
     def row(self) -> list[Any]:
         """As a JSON item of the statements that insert messages (fields 0 to ROW_FIELDS -
@@ -617,10 +628,11 @@ class NewMessage:
             self.tenant,
             self.debounce,
             self.due_by,
+            self.headers,
         ]
 
 
-ROW_FIELDS = 9
+ROW_FIELDS = 10
 
 
 def publish(
@@ -706,7 +718,8 @@ def _debounce(b: _Builder, n: Names, items: str, now: float) -> None:
     pending = _PENDING.format(m=n.messages, g=_item(0), k=_item(7), groups=n.groups)
     b.add(
         f"UPDATE {n.messages} SET event = {_item(1)}, expires = {_item(5)}, due = "
-        f"min({_item(4)}, coalesce(due_by, 9e18)) FROM json_each(:items) j WHERE {pending}",
+        f"min({_item(4)}, coalesce(due_by, 9e18)), headers = {_item(9)} FROM json_each(:items) "
+        f"j WHERE {pending}",
         {"items": items},
     )
     # The groups whose head was replaced: not leased (its head never taken), so claimable
@@ -838,6 +851,8 @@ def _insert_messages(
     columns, values = (
         ("", "") if not debounced else (", debounce, due_by", f", {_item(7)}, {_item(8)}")
     )
+    if any(m.headers is not None for m in messages):  # (only then: a v5 client's text)
+        columns, values = f"{columns}, headers", f"{values}, {_item(9)}"
     b.add(
         f"INSERT INTO {n.messages} (group_id, event, published_at, dedup_id, due, expires"
         f"{columns}) SELECT {_item(0)}, {_item(1)}, {published_at}, {_item(3)}, {_item(4)}, "
@@ -1093,8 +1108,9 @@ def _follow_ups(b: _Builder, n: Names, s: Settle, now: float) -> None:
         items = _json([[*m.row(), *h.key()] for h, m in s.outboxed])
         b.add(
             f"INSERT INTO {n.outbox} (group_id, event, priority, dedup_id, due, expires, "
-            f"tenant, created_at) SELECT {_item(0)}, {_item(1)}, {_item(2)}, {_item(3)}, "
-            f"{_item(4)}, {_item(5)}, {_item(6)}, :now FROM json_each(:o) j WHERE {lease} "
+            f"tenant, created_at, headers) SELECT {_item(0)}, {_item(1)}, {_item(2)}, "
+            f"{_item(3)}, {_item(4)}, {_item(5)}, {_item(6)}, :now, {_item(9)} FROM "
+            f"json_each(:o) j WHERE {lease} "
             f"ORDER BY j.key",
             {"o": items, "now": now},
             slot="outboxed",
@@ -1142,8 +1158,9 @@ def _settle(b: _Builder, n: Names, s: Settle, now: float) -> None:
             dead = _json([[*h.key(), s.dead[h.seq]] for h in s.finish if h.seq in s.dead])
             b.add(
                 f"INSERT INTO {n.dead} (seq, group_id, event, priority, attempts, reason, "
-                f"published_at, dead_at) SELECT m.seq, m.group_id, m.event, g.priority, "
-                f"g.attempts, {_item(3)}, m.published_at, :now FROM json_each(:dead) j "
+                f"published_at, dead_at, headers) SELECT m.seq, m.group_id, m.event, "
+                f"g.priority, g.attempts, {_item(3)}, m.published_at, :now, m.headers FROM "
+                f"json_each(:dead) j "
                 f"JOIN {n.groups} g ON {_holds()} JOIN {n.messages} m ON m.seq = g.head",
                 {"dead": dead, "now": now},
             )
@@ -1255,6 +1272,7 @@ def _claim(b: _Builder, n: Names, c: Claim, now: float, returning: bool) -> None
     heads = (
         f"head, group_id, (SELECT event FROM {n.messages} WHERE seq = head), attempts, until, "
         f"(SELECT expires FROM {n.messages} WHERE seq = head), rowid, "
+        f"(SELECT headers FROM {n.messages} WHERE seq = head), "
         f"(SELECT value FROM {n.meta} WHERE \"key\" = 'tenants')"
     )
     b.add(
@@ -1360,6 +1378,8 @@ class LeasedRow:
     expires_at: float
     message_expires: float | None
     """When the message itself expires (its ttl), or None."""
+    headers: str | None = None
+    """Its headers, as stored (None: none)."""
 
 
 def returned_nothing(reply: Reply) -> bool:
@@ -1382,6 +1402,7 @@ def read_leased(reply: Reply) -> list[LeasedRow]:
             int(r[3]),
             float(r[4]),
             None if r[5] is None else float(r[5]),
+            None if r[7] is None else str(r[7]),
         )
         for r in sorted(reply["leased"].rows, key=lambda row: int(row[6]))  # creation order
     ]
@@ -1660,9 +1681,9 @@ def cancel_group(n: Names, group_id: str, reason: str, *, now: float) -> Batch:
     b = _Builder()
     b.add(
         f"INSERT INTO {n.dead} (seq, group_id, event, priority, attempts, reason, "
-        f"published_at, dead_at) SELECT m.seq, m.group_id, m.event, g.priority, "
-        f"CASE WHEN m.seq = g.head THEN g.attempts ELSE 0 END, :reason, m.published_at, :now "
-        f"FROM {n.messages} m JOIN {n.groups} g ON g.group_id = m.group_id "
+        f"published_at, dead_at, headers) SELECT m.seq, m.group_id, m.event, g.priority, "
+        f"CASE WHEN m.seq = g.head THEN g.attempts ELSE 0 END, :reason, m.published_at, :now, "
+        f"m.headers FROM {n.messages} m JOIN {n.groups} g ON g.group_id = m.group_id "
         f"WHERE m.group_id = {_TEXT.format(name='g')} ORDER BY m.seq",
         {**g, "reason": reason, "now": now},
         slot="cancelled",
@@ -1724,8 +1745,8 @@ def list_dead(n: Names, *, limit: int, group_id: str | None, after: int = 0) -> 
         params["g"] = _json(group_id)
     b = _Builder(write=False)
     b.add(
-        f"SELECT seq, group_id, event, priority, attempts, reason, published_at, dead_at "
-        f"FROM {n.dead} WHERE {where} ORDER BY seq LIMIT :limit",
+        f"SELECT seq, group_id, event, priority, attempts, reason, published_at, dead_at, "
+        f"headers FROM {n.dead} WHERE {where} ORDER BY seq LIMIT :limit",
         params,
         slot="dead",
     )
@@ -1738,8 +1759,8 @@ def requeue_dead(n: Names, seqs: Sequence[int] | None, *, now: float) -> Batch:
     where, params = _seq_filter(seqs)
     b = _Builder()
     b.add(
-        f"INSERT INTO {n.messages} (group_id, event, published_at) "
-        f"SELECT group_id, event, :now FROM {n.dead} {where} ORDER BY seq",
+        f"INSERT INTO {n.messages} (group_id, event, published_at, headers) "
+        f"SELECT group_id, event, :now, headers FROM {n.dead} {where} ORDER BY seq",
         {**params, "now": now},
     )
     _forget_expired(b, n, f"SELECT group_id FROM {n.dead} {where}", params, now)
@@ -2092,8 +2113,8 @@ def read_outbox(n: Names, *, limit: int) -> Batch:
     leader's own copy: a row committed a moment ago may be missed, and is found next time)."""
     b = _Builder(write=False, local=True)
     b.add(
-        f"SELECT id, group_id, event, priority, dedup_id, due, expires, tenant FROM {n.outbox} "
-        f"ORDER BY id LIMIT :n",
+        f"SELECT id, group_id, event, priority, dedup_id, due, expires, tenant, headers FROM "
+        f"{n.outbox} ORDER BY id LIMIT :n",
         {"n": limit},
         slot="outbox",
     )
@@ -2112,6 +2133,7 @@ def outbox_rows(reply: Reply) -> list[OutboxRow]:
                 float(r[5]),
                 None if r[6] is None else float(r[6]),
                 None if r[7] is None else str(r[7]),
+                headers=None if r[8] is None else str(r[8]),
             ),
         )
         for r in reply["outbox"].rows
