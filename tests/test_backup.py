@@ -39,11 +39,18 @@ TIMELESS = {"head_age", "oldest_age", "oldest_by_priority", "tokens"}
 
 def fill(q: Transport, groups: list[str]) -> dict[str, Any]:
     """Every kind of state in five groups: a lease held, a parked group, a dead letter, a
-    held group, a plain one; a schedule, a dedup id, a tenant with a weight."""
+    held group, a plain one; a schedule, a dedup id, a tenant with a weight, headers."""
     a, b, c, d, e = groups
     q.set_tenant("acme", weight=3)
     q.publish(a, {"n": 1}, dedup_id="first")
-    q.publish_many([(a, {"n": 2}), (a, {"n": 3}), (b, {"n": 1}), (c, {"n": 1})])
+    q.publish_many(
+        [
+            {"group_id": a, "event": {"n": 2}, "headers": {"traceparent": "00-a2"}},
+            (a, {"n": 3}),
+            (b, {"n": 1}),
+            {"group_id": c, "event": {"n": 1}, "headers": {"why": "dead"}},
+        ]
+    )
     q.publish_many([(d, {"n": 1}), (d, {"n": 2}), (e, {"n": 1})])
     leases: dict[str, Lease] = {}
     for _ in range(20):  # a sharded queue's claims take from either shard: until a, b, c
@@ -89,10 +96,16 @@ def drain_in_order(q: Transport, groups: list[str], state: dict[str, Any]) -> No
     assert q.stats().depth == depth
     q.release_group(d)
     seen: list[tuple[str, int]] = []
-    Worker(q, lambda lease: seen.append((lease.group_id, lease.event["n"])), visibility=10).run(
-        handle_signals=False, until_empty=True
-    )
+    headers: dict[tuple[str, int], dict[str, str]] = {}
+
+    def handle(lease: Lease) -> None:
+        seen.append((lease.group_id, lease.event["n"]))
+        headers[seen[-1]] = dict(lease.headers)
+
+    Worker(q, handle, visibility=10).run(handle_signals=False, until_empty=True)
     assert [n for g, n in seen if g == a] == [2, 3]
+    assert headers[(a, 2)] == {"traceparent": "00-a2"} and headers[(a, 3)] == {}
+    assert dict(q.dead_letters()[0].headers) == {"why": "dead"}
     assert [n for g, n in seen if g == d] == [1, 2]
     assert sorted(g for g, _ in seen) == sorted([a, a, d, d, e])
     assert q.stats().depth == 1  # b's message, parked
