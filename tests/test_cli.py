@@ -622,6 +622,21 @@ def test_worker_serves_prometheus_metrics(
 # ------------------------------------------------------------------------------ dead letters
 
 
+def test_dlq_list_shows_headers_as_text(tmp_path: Path) -> None:
+    target = Target(f"sqlite:///{tmp_path}/q.db", f"cli_{uuid.uuid4().hex[:8]}")
+    with target.transport() as queue:
+        queue.publish("a", 1, headers={"trace": "[bold]t-1[/bold]"})
+        lease = queue.claim("t", visibility=30)
+        assert lease is not None
+        queue.dead_letter(lease, "broken")
+    listed = run(*target.args, "dlq", "list", "--json")
+    assert [json.loads(line)["headers"] for line in listed.stdout.splitlines()] == [
+        {"trace": "[bold]t-1[/bold]"}
+    ]
+    table = run(*target.args, "dlq", "list", env={**os.environ, "COLUMNS": "300"})
+    assert "[bold]t-1[/bold]" in table.stdout  # as written: not rich's markup
+
+
 def test_dlq_list_requeue_purge(target: Target) -> None:
     with target.transport() as queue:
         for group in ("a", "b", "c"):

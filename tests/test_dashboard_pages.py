@@ -255,3 +255,15 @@ async def test_the_confirmation_page_escapes_what_it_repeats_and_stays_on_site(
         assert 'id="confirm-back" href="/"' in page.text  # never off-site
         assert '<input type="hidden" name="next" value="/">' in page.text
         assert (await transport.stats()).depth == 1
+
+
+async def test_a_dead_letters_headers_are_shown_escaped(transport: AsyncSqliteTransport) -> None:
+    await transport.publish("order-1", 1, headers={"trace": "<script>alert(1)</script>"})
+    lease = await transport.claim("w", 60)
+    assert lease is not None
+    await transport.dead_letter(lease, "card declined")
+    async with client(create_app(transport)) as http:
+        dead = (await http.get("/dead")).text
+    assert "<script>alert(1)</script>" not in dead
+    [shown] = re.findall(r'<pre class="headers">(.*?)</pre>', dead, re.S)
+    assert html.unescape(shown).split() == ["{", '"trace":', '"<script>alert(1)</script>"', "}"]

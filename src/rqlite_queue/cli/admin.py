@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import click
 from rich.table import Table
+from rich.text import Text
 
 from .. import Transport
 from ..timefmt import duration, utc
@@ -183,6 +184,9 @@ def _dead_table(letters: Sequence[DeadLetter]) -> Table:
     table.add_column("dead")
     table.add_column("reason", overflow="fold")
     table.add_column("event", overflow="fold")
+    with_headers = any(letter.headers for letter in letters)
+    if with_headers:
+        table.add_column("headers", overflow="fold")
     for letter in letters:
         table.add_row(
             *([letter.shard] if sharded else []),
@@ -193,6 +197,8 @@ def _dead_table(letters: Sequence[DeadLetter]) -> Table:
             _ago(letter.dead_at),
             letter.reason,
             _json(letter.event),
+            # (as text: a header's "[...]" is not rich's markup)
+            *([Text(_json(dict(letter.headers)))] if with_headers else []),
         )
     return table
 
@@ -217,7 +223,8 @@ def dlq_list(
         letters = queue.dead_letters(limit, group_id=group_id, after=after)
     if as_json:
         for letter in letters:
-            click.echo(_json({**dataclasses.asdict(letter), "cursor": letter.cursor}))
+            listed = {**dataclasses.asdict(letter), "headers": dict(letter.headers)}
+            click.echo(_json({**listed, "cursor": letter.cursor}))
     elif not letters:
         click.echo("no dead letters" + (" after that" if after else ""))
     else:
