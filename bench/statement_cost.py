@@ -1,6 +1,8 @@
 """Where the Worker's round trip at concurrency 1 spends rqlite's time: the round as the library
-sends it, the same round without one statement at a time, and bare writes of 1 and 7 trivial
-statements, all over urllib3 to the leader of one fresh local 3-node cluster.
+sends it, the same round without one statement at a time, the single calls `claim()` then
+`ack()` (as harel's runner makes them; their ack also on `/db/request`, where the library sent
+it before), and bare writes of 1 and 7 trivial statements, all over urllib3 to the leader of
+one fresh local 3-node cluster.
 
     .venv/bin/python bench/statement_cost.py [--requests 1000] [--repeats 3] [--pprof 8]
 
@@ -11,12 +13,14 @@ concurrency 1 does; a variant without a statement drops it from the request (its
 the queue is then wrong, its cost is what is measured). Variants run interleaved, in an order
 rotated between repetitions; cells are medians [min-max] over the repetitions. Writes
 bench/results/statement_cost.md. With `--pprof S`, also takes an S-second CPU profile of the
-leader (rqlited's /debug/pprof) while the round loop runs, and writes it with, when `go` is on
-the PATH, its `go tool pprof -top -cum` text beside it."""
+leader (rqlited's /debug/pprof) while the round loop (`--pprof-single`: the claim() + ack()
+loop) runs, and writes it with, when `go` is on the PATH, its `go tool pprof -top -cum` text
+beside it. The single calls' rows are per pair (two requests)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 import statistics
@@ -44,9 +48,12 @@ from systems import (
 from workloads import QUEUE, make_core
 
 from rqlite_queue import Lease
-from rqlite_queue._protocol.http import request_for
-from rqlite_queue._protocol.sql import Batch, Statement
+from rqlite_queue._protocol.core import Plan
+from rqlite_queue._protocol.http import parse_reply, request_for
+from rqlite_queue._protocol.params import RoundSpec
+from rqlite_queue._protocol.sql import Reply
 from rqlite_queue.testing import Cluster
+from rqlite_queue.types import Round
 
 RESULTS = Path(__file__).resolve().parent / "results" / "statement_cost.md"
 
@@ -56,7 +63,7 @@ DROPS = {
         f"UPDATE rq_{QUEUE}_groups SET ready = 1, parked = 0"
     ),
     "the turn counter (UPDATE meta)": f"UPDATE rq_{QUEUE}_meta SET value = value + 1",
-    "the claim's token (INSERT INTO claims)": f"INSERT OR IGNORE INTO rq_{QUEUE}_claims",
+    "the claim's token (INSERT INTO claims)": f"INSERT INTO rq_{QUEUE}_claims",
 }
 
 
@@ -70,19 +77,13 @@ class Sample:
     body: int = 0
 
 
-def _body(statements: list[Statement]) -> bytes:
-    return request_for(Batch(tuple(statements))).body
-
-
 class Sender:
     def __init__(self, url: str) -> None:
         self.pool = urllib3.connection_from_url(url, maxsize=2, retries=False)
 
-    def send(self, body: bytes) -> tuple[dict[str, Any], float]:
+    def send(self, body: bytes, path: str = WRITE_PATH) -> tuple[dict[str, Any], float]:
         t0 = time.perf_counter()
-        r = self.pool.urlopen(
-            "POST", WRITE_PATH + "&timings", body=body, headers=HEADERS, retries=False
-        )
+        r = self.pool.urlopen("POST", path + "&timings", body=body, headers=HEADERS, retries=False)
         wall = time.perf_counter() - t0
         reply = json.loads(r.data)
         if r.status != 200 or "error" in reply:
@@ -93,39 +94,72 @@ class Sender:
         return reply, wall
 
 
-class RoundLoop:
-    """The Worker at concurrency 1: each request acks the last lease and claims one."""
+def _read(plan: Plan[Round], reply: dict[str, Any]) -> Round:
+    """The plan's own reading of rqlite's reply."""
+    results = parse_reply(200, json.dumps(reply).encode(), len(plan.batch.statements))
+    return plan.read(Reply(plan.batch, results))
 
-    def __init__(self, drop: str | None) -> None:
+
+class RoundLoop:
+    """The Worker at concurrency 1 (`single=False`): each request acks the last lease and
+    claims one. Or a caller of the single calls (`single=True`): `claim()`, then `ack()`, two
+    requests a step; with `ack_path`, the ack goes there instead of where the library sends
+    it."""
+
+    def __init__(self, drop: str | None, single: bool = False, ack_path: str | None = None):
         self.core = make_core()
         self.drop = drop
+        self.single = single
+        self.ack_path = ack_path
         self.leases: list[Lease] = []
 
-    def body(self) -> tuple[bytes, int, str]:
-        plan = self.core.round(worker_id="w", visibility=VISIBILITY, n=1, ack=self.leases)
-        statements = [
-            s for s in plan.batch.statements if not (self.drop and s.sql.startswith(self.drop))
+    def plan(self, n: int, ack: list[Lease]) -> Plan[Round]:
+        spec = RoundSpec(worker_id="w", visibility=VISIBILITY, n=n, ack=ack)
+        plan = self.core.round(self.core.check_round(spec))
+        kept = [
+            k
+            for k, s in enumerate(plan.batch.statements)
+            if not (self.drop and s.sql.startswith(self.drop))
         ]
-        token = next(
-            s.params["k"] for s in statements if isinstance(s.params, dict) and "k" in s.params
+        batch = dataclasses.replace(
+            plan.batch,
+            statements=tuple(plan.batch.statements[k] for k in kept),
+            slots={slot: kept.index(k) for slot, k in plan.batch.slots.items() if k in kept},
         )
-        return _body(statements), len(statements), token
+        return dataclasses.replace(plan, batch=batch)
 
-    def read(self, reply: dict[str, Any], token: str) -> None:
-        rows = reply["results"][-1].get("values") or []
-        self.leases = [
-            Lease(int(r[0]), str(r[1]), json.loads(r[2]), token, int(r[3]), float(r[4]))
-            for r in rows
-        ]
-        if not self.leases:
+    def step(self, sender: Sender) -> tuple[list[dict[str, Any]], float, int, int]:
+        """One step's replies, wall seconds, statements and body bytes."""
+        if not self.single:
+            plan = self.plan(1, self.leases)
+            request = request_for(plan.batch)
+            reply, wall = sender.send(request.body, request.path)
+            self.leases = _read(plan, reply).leases
+            replies = [reply]
+            sizes = (request.statements, len(request.body))
+        else:
+            claim = self.plan(1, [])
+            request = request_for(claim.batch)
+            reply, wall = sender.send(request.body, request.path)
+            self.leases = _read(claim, reply).leases
+            if not self.leases:
+                raise RuntimeError("the backlog ran out")
+            ack = self.plan(0, self.leases)
+            second = request_for(ack.batch)
+            reply2, wall2 = sender.send(second.body, self.ack_path or second.path)
+            self.leases = []
+            replies, wall = [reply, reply2], wall + wall2
+            sizes = (request.statements + second.statements, len(request.body + second.body))
+        if not self.single and not self.leases:
             raise RuntimeError("the backlog ran out")
+        return replies, wall, *sizes
 
 
-def _fixed(statements: int, pad: int = 0) -> Callable[[], tuple[bytes, int, str]]:
+def _fixed(statements: int, pad: int = 0) -> Callable[[], tuple[bytes, int]]:
     """`statements` trivial UPDATEs, each padded with an SQL comment of `pad` bytes."""
     comment = f" /*{'x' * pad}*/" if pad else ""
     body = json.dumps([[FLOOR_UPDATE + comment, k] for k in range(statements)]).encode()
-    return lambda: (body, statements, "")
+    return lambda: (body, statements)
 
 
 # Pads each of the 7 UPDATEs so that the request is as large as the Worker's round (~1.9 KB).
@@ -133,26 +167,31 @@ ROUND_PAD = 220
 
 
 def run_variant(sender: Sender, pids: list[int], name: str, n: int, sample: Sample) -> None:
-    loop = RoundLoop(DROPS.get(name.removeprefix("Worker round without ")))
+    single = name.startswith("claim() + ack()")
+    ack_path = WRITE_PATH if single and "/db/request" in name else None
+    loop = RoundLoop(DROPS.get(name.removeprefix("Worker round without ")), single, ack_path)
     pad = ROUND_PAD if "padded" in name else 0
-    make = _fixed(7 if "7" in name else 1, pad) if name.startswith("bare") else loop.body
+    fixed = _fixed(7 if "7" in name else 1, pad) if name.startswith("bare") else None
     walls, servers, sqls = [], [], []
     cpu0 = cpu_seconds(pids)
     for _ in range(n):
-        body, count, token = make()
-        reply, wall = sender.send(body)
-        if token:
-            loop.read(reply, token)
+        if fixed is not None:
+            body, count = fixed()
+            reply, wall = sender.send(body)
+            replies = [reply]
+            sample.statements, sample.body = count, len(body)
+        else:
+            replies, wall, sample.statements, sample.body = loop.step(sender)
         walls.append(1e3 * wall)
-        servers.append(1e3 * reply.get("time", 0.0))
-        sqls.append(1e3 * sum(x.get("time", 0.0) for x in reply["results"]))
-        sample.statements, sample.body = count, len(body)
+        servers.append(1e3 * sum(r.get("time", 0.0) for r in replies))
+        sqls.append(1e3 * sum(x.get("time", 0.0) for r in replies for x in r["results"]))
     sample.cpu.append(1e3 * (cpu_seconds(pids) - cpu0) / n)
     sample.wall.append(statistics.median(walls))
     sample.server.append(statistics.median(servers))
     sample.sql.append(statistics.median(sqls))
     if loop.leases:  # give the last lease back done
-        sender.send(_body(list(loop.core.ack(loop.leases).batch.statements)))
+        last = request_for(loop.plan(0, loop.leases).batch)
+        sender.send(last.body, last.path)
 
 
 def _cell(values: list[float]) -> str:
@@ -184,16 +223,16 @@ def report(samples: dict[str, Sample], args: argparse.Namespace, when: str) -> s
     return "\n".join(lines) + "\n"
 
 
-def profile_leader(url: str, seconds: int) -> None:
-    """A CPU profile of the leader while the Worker round loop runs."""
+def profile_leader(url: str, seconds: int, single: bool) -> None:
+    """A CPU profile of the leader while the Worker round loop (or, `single`, the claim() +
+    ack() loop) runs."""
     sender = Sender(url)
     stop = threading.Event()
 
     def load() -> None:
-        loop = RoundLoop(None)
+        loop = RoundLoop(None, single=single)
         while not stop.is_set():
-            body, _, token = loop.body()
-            loop.read(sender.send(body)[0], token)
+            loop.step(sender)
 
     thread = threading.Thread(target=load)
     thread.start()
@@ -204,7 +243,7 @@ def profile_leader(url: str, seconds: int) -> None:
     finally:
         stop.set()
         thread.join()
-    raw = RESULTS.with_name("rqlited_worker_round.pprof")
+    raw = RESULTS.with_name(f"rqlited_{'claim_ack' if single else 'worker_round'}.pprof")
     raw.write_bytes(r.data)
     if shutil.which("go"):
         top = subprocess.run(
@@ -222,6 +261,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--pprof", type=int, default=0, help="seconds of leader CPU profile")
+    parser.add_argument(
+        "--pprof-single", action="store_true", help="profile claim() + ack(), not the round"
+    )
     args = parser.parse_args(argv)
     names = [
         "bare write, 1 UPDATE",
@@ -229,6 +271,8 @@ def main(argv: list[str]) -> int:
         "bare write, 7 UPDATEs padded to the round's size",
         "Worker round, ack 1 + claim 1",
         *(f"Worker round without {d}" for d in DROPS),
+        "claim() + ack(), as the library sends them",
+        "claim() + ack(), the ack on /db/request",
     ]
     samples = {name: Sample() for name in names}
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
@@ -248,7 +292,7 @@ def main(argv: list[str]) -> int:
         if args.pprof:
             reset_ours(admin, QUEUE)
             build_ours(admin, QUEUE, 20_000, 2_000)
-            profile_leader(url, args.pprof)
+            profile_leader(url, args.pprof, args.pprof_single)
         admin.close()
     text = report(samples, args, when)
     print(text)

@@ -57,7 +57,8 @@ def request_for(batch: Batch) -> HttpRequest:
         else:
             body.append([statement.sql, *statement.params])
     if batch.write:
-        path = "/db/execute?transaction" if batch.returning else "/db/request?transaction"
+        execute = batch.returning or not batch.selects
+        path = "/db/execute?transaction" if execute else "/db/request?transaction"
     else:
         path = "/db/query?level=" + ("weak" if batch.local else "linearizable")
     encoded = json.dumps(body, separators=(",", ":")).encode("utf-8")

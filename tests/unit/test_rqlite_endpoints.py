@@ -1,0 +1,74 @@
+"""Which rqlite endpoint each write goes to: `/db/request` returns the rows of a `SELECT` in a
+write transaction, `/db/execute` does not (it runs the statement and returns counts), and costs
+rqlite less (it does not compile every statement again to learn whether it reads). A write
+that reads rows must never go to `/db/execute`: its rows would be silently lost."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from rqlite_queue import Lease
+from rqlite_queue._protocol import sql
+from rqlite_queue._protocol.core import Plan, QueueCore
+from rqlite_queue._protocol.http import request_for
+from rqlite_queue._protocol.params import Message, RoundSpec
+
+NOW = 1_800_000_000.0
+EXECUTE = "/db/execute?transaction"
+REQUEST = "/db/request?transaction"
+
+
+def core() -> QueueCore:
+    tokens = itertools.count(1)
+    return QueueCore(
+        queue="t", clock=lambda: NOW, token=lambda: f"T{next(tokens)}", chance=lambda: 0.99
+    )
+
+
+def lease(seq: int, group: str) -> Lease:
+    return Lease(seq, group, {"n": seq}, "w:T0", 1, NOW + 30)
+
+
+def round_(**spec: Any) -> Plan[Any]:
+    c = core()
+    return c.round(c.check_round(RoundSpec(**spec)))
+
+
+def test_a_single_settlement_goes_to_execute() -> None:
+    """The single calls' settlements (harel's runner acks one lease a call) read only counts."""
+    for spec in (
+        {"ack": [lease(1, "a")]},
+        {"nack": [(lease(1, "a"), 0.0)]},
+        {"nack": [(lease(1, "a"), 5.0)]},
+        {"extend": [lease(1, "a")]},
+        {"dead": [(lease(1, "a"), "bad")]},
+    ):
+        plan = round_(worker_id="w", **spec)
+        assert request_for(plan.batch).path == EXECUTE, spec
+
+
+def test_a_write_that_reads_rows_goes_to_request() -> None:
+    """Several settlements read which ones were lost (a SELECT); a claim with a floor reads its
+    leases with a SELECT; a publish reads its seqs."""
+    c = core()
+    plans = [
+        round_(worker_id="w", ack=[lease(1, "a"), lease(2, "b")]),
+        round_(worker_id="w", n=2, min_priority=1),
+        c.publish(c.messages(Message.parse_many([("g", 1)]), scoped=False)),
+    ]
+    for plan in plans:
+        assert any(s.sql.startswith(("SELECT", "WITH")) for s in plan.batch.statements)
+        assert request_for(plan.batch).path == REQUEST
+
+
+def test_every_write_with_a_select_goes_to_request() -> None:
+    """Whatever builds the batch: a SELECT anywhere in a write (not a RETURNING claim) sends it
+    to /db/request, also when a guard placed first is the SELECT."""
+    plain = round_(worker_id="w", ack=[lease(1, "a")]).batch
+    assert request_for(plain).path == EXECUTE
+    read = sql.Statement("SELECT 1")
+    assert request_for(sql.guarded(plain, [read])).path == REQUEST
+    write = sql.Statement("UPDATE rq_t_meta SET value = value WHERE 0")
+    assert request_for(sql.guarded(plain, [write])).path == EXECUTE
+    assert request_for(sql.Batch((read,))).path == REQUEST  # a batch made by hand: by default
