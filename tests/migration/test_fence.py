@@ -156,3 +156,28 @@ def test_an_async_client_is_refused_too(tmp_path: Path) -> None:
     asyncio.run(main())
     with sqlite3.connect(path) as conn:
         assert conn.execute("SELECT count(*) FROM rq_default_messages").fetchone() == (1,)
+
+
+def test_a_publish_in_the_callers_own_transaction_is_refused_too(tmp_path: Path) -> None:
+    path = tmp_path / "q.db"
+    old = SqliteTransport(str(path))
+    try:
+        old.setup()
+        with sqlite3.connect(path) as conn:
+            conn.execute("CREATE TABLE orders (id INTEGER)")
+            conn.execute("INSERT INTO orders VALUES (1)")
+            old.publish("g", 1, connection=conn)
+        with sqlite3.connect(path) as conn:
+            conn.execute(
+                "UPDATE rq_default_meta SET value = value + 1 WHERE key = 'schema_version'"
+            )
+        conn = sqlite3.connect(path)
+        conn.execute("INSERT INTO orders VALUES (2)")
+        with pytest.raises(SchemaError):
+            old.publish("g", 2, connection=conn)
+        conn.rollback()
+        conn.close()
+        with sqlite3.connect(path) as conn:
+            assert conn.execute("SELECT count(*) FROM rq_default_messages").fetchone() == (1,)
+    finally:
+        old.close()
