@@ -126,7 +126,9 @@ def test_one_settlement_reads_its_outcome_from_its_record_on_any_send() -> None:
     assert plan.read(reply(plan.batch, recorded=sql.Result(rows_affected=0))).lost == [held]
     assert plan.read(reply(plan.batch, recorded=sql.Result(rows_affected=1))).lost == []
     record = next(s for s in plan.batch.statements if "INSERT INTO rq_t_settled" in s.sql)
-    assert record.params["rec"] == '[["a","w:T0",1,1]]'  # group, token, seq, kind: acked
+    # group, token, seq, kind (acked), as plain parameters: one settlement's statements
+    assert {k: record.params[k] for k in "gtq"} == {"g": "a", "t": "w:T0", "q": 1}
+    assert record.params["kind"] == sql.ACKED
 
 
 def test_the_record_says_how_a_lease_was_settled() -> None:

@@ -1146,6 +1146,9 @@ def _follow_ups(b: _Builder, n: Names, s: Settle, now: float) -> None:
 
 def _settle(b: _Builder, n: Names, s: Settle, now: float) -> None:
     _follow_ups(b, n, s, now)
+    if s.count == 1:
+        _settle_one(b, n, s, now)
+        return
     every = [[*h.key(), kind] for h, kind in zip(s.all(), s.kinds(), strict=True)]
     recorded = [item for item in every if item[3]]
     earlier = (
@@ -1162,8 +1165,7 @@ def _settle(b: _Builder, n: Names, s: Settle, now: float) -> None:
             slot="lost",
         )
     if recorded:
-        # The record of each settlement that holds (or of one an earlier send applied: it
-        # counts, so that one settlement alone reads its outcome from this statement).
+        # The record of each settlement that holds (or of one an earlier send applied).
         b.add(
             f"INSERT INTO {n.settled} (token, seq, kind, expires_at) SELECT {_item(1)}, "
             f"{_item(2)}, {_item(3)}, :e FROM json_each(:rec) j WHERE EXISTS (SELECT 1 FROM "
@@ -1192,13 +1194,10 @@ def _settle(b: _Builder, n: Names, s: Settle, now: float) -> None:
         # The group is free again; or waits for its next message, due later; or is empty
         # (its row kept for RETIRE_WINDOW, see the top). `d`: the due of its new head.
         b.add(
-            f"UPDATE {n.groups} AS g SET ready = CASE WHEN d IS NULL THEN 2 WHEN d > :now "
-            f"THEN 0 ELSE 1 END, until = CASE WHEN d IS NULL THEN :retire WHEN d > :now THEN d "
-            f"ELSE 0 END, parked = CASE WHEN d > :now THEN 2 ELSE 0 END, attempts = 0, "
-            f"token = NULL, head = NULL, held = max(held, h) FROM (SELECT {_item(0)} i, "
-            f"{_item(1)} t, {_item(2)} q, {_item(3)} h, (SELECT due FROM {n.messages} m "
-            f"WHERE m.group_id = {_item(0)} ORDER BY seq LIMIT 1) d FROM json_each(:done) j) "
-            f"WHERE g.group_id = i AND g.token = t AND g.head = q",
+            f"UPDATE {n.groups} AS g SET {_FREED}, held = max(held, h) FROM (SELECT "
+            f"{_item(0)} i, {_item(1)} t, {_item(2)} q, {_item(3)} h, (SELECT due FROM "
+            f"{n.messages} m WHERE m.group_id = {_item(0)} ORDER BY seq LIMIT 1) d FROM "
+            f"json_each(:done) j) WHERE g.group_id = i AND g.token = t AND g.head = q",
             {"done": done, "retire": now + RETIRE_WINDOW, "now": now},
             slot="finished",
         )
@@ -1213,6 +1212,70 @@ def _settle(b: _Builder, n: Names, s: Settle, now: float) -> None:
             f"parked = {_item(4)}, token = CASE WHEN {_item(5)} THEN token END "
             f"FROM json_each(:changes) j WHERE {_holds()}",
             {"changes": _json(changes)},
+            slot="changed",
+        )
+
+
+# A finished lease's group: free again; or waiting for its next message, due later (`d`); or
+# empty (its row kept for RETIRE_WINDOW, see the top).
+_FREED = (
+    "ready = CASE WHEN d IS NULL THEN 2 WHEN d > :now THEN 0 ELSE 1 END, until = CASE WHEN d "
+    "IS NULL THEN :retire WHEN d > :now THEN d ELSE 0 END, parked = CASE WHEN d > :now THEN 2 "
+    "ELSE 0 END, attempts = 0, token = NULL, head = NULL"
+)
+
+
+def _settle_one(b: _Builder, n: Names, s: Settle, now: float) -> None:
+    """One settlement (the single calls', and a Worker round's with one): the statements of
+    `_settle` with the lease as plain parameters instead of a JSON array walked by
+    `json_each`. The same effects; SQLite compiles them in about half the time, and rqlite
+    compiles every statement on every node for every request."""
+    (held,) = s.all()
+    (kind,) = s.kinds()
+    lease = {"g": held.group_id, "t": held.token, "q": held.seq}
+    holds = f"EXISTS (SELECT 1 FROM {n.groups} WHERE group_id = :g AND token = :t AND head = :q)"
+    if kind:
+        # The record of the settlement if it holds (or if an earlier send applied it: it
+        # counts, so that the settlement reads its outcome from this statement).
+        b.add(
+            f"INSERT INTO {n.settled} (token, seq, kind, expires_at) SELECT :t, :q, :kind, :e "
+            f"WHERE {holds} OR EXISTS (SELECT 1 FROM {n.settled} WHERE token = :t AND seq = :q "
+            f"AND kind = :kind AND expires_at >= :now) ON CONFLICT (token, seq) DO UPDATE SET "
+            f"expires_at = excluded.expires_at",
+            {**lease, "kind": kind, "e": now + RETIRE_WINDOW, "now": now},
+            slot="recorded",
+        )
+    if s.finish:
+        if s.dead:
+            b.add(
+                f"INSERT INTO {n.dead} (seq, group_id, event, priority, attempts, reason, "
+                f"published_at, dead_at, headers) SELECT m.seq, m.group_id, m.event, "
+                f"g.priority, g.attempts, :reason, m.published_at, :now, m.headers FROM "
+                f"{n.groups} g JOIN {n.messages} m ON m.seq = g.head WHERE g.group_id = :g AND "
+                f"g.token = :t AND g.head = :q",
+                {**lease, "reason": s.dead[held.seq], "now": now},
+            )
+        b.add(f"DELETE FROM {n.messages} WHERE seq = :q AND {holds}", lease)
+        b.add(
+            f"UPDATE {n.groups} SET {_FREED}, held = max(held, :h) FROM (SELECT (SELECT due "
+            f"FROM {n.messages} WHERE group_id = :g ORDER BY seq LIMIT 1) d) WHERE group_id = "
+            f":g AND token = :t AND head = :q",
+            {**lease, "h": int(held.seq in s.hold), "retire": now + RETIRE_WINDOW, "now": now},
+            slot="finished",
+        )
+    if s.expired:
+        b.add(f"UPDATE {n.meta} SET value = value + :k WHERE \"key\" = 'expired'", {"k": s.expired})
+    if s.give_back or s.extend:
+        # Nack now (until 0), park (until later), or extend (the token kept).
+        until, parked, keep = (
+            (s.give_back[0][1], int(s.give_back[0][1] > 0), 0)
+            if s.give_back
+            else (s.extend_until, 0, 1)
+        )
+        b.add(
+            f"UPDATE {n.groups} SET ready = :u <= 0, until = :u, parked = :p, token = CASE "
+            f"WHEN :keep THEN token END WHERE group_id = :g AND token = :t AND head = :q",
+            {**lease, "u": until, "p": parked, "keep": keep},
             slot="changed",
         )
 
