@@ -181,3 +181,19 @@ def test_a_publish_in_the_callers_own_transaction_is_refused_too(tmp_path: Path)
             assert conn.execute("SELECT count(*) FROM rq_default_messages").fetchone() == (1,)
     finally:
         old.close()
+
+
+def test_the_fence_fails_otherwise_than_a_shard_epoch_guard() -> None:
+    """A sharded client on an old shard list is told so (StaleShardList), not that the schema
+    changed: the two guards fail with different errors (they once shared one, and a stale
+    client was sent to re-check a schema that had not moved)."""
+    names = sql.Names.of("q")
+    fence = sql.SCHEMA_FENCE_ERROR.format(meta=names.meta)
+    assert fence != sql.STALE_EPOCH_ERROR.format(meta=names.meta)
+    db = sqlite3.connect(":memory:")
+    for statement in [*sql.bootstrap(names).statements, *sql.create(names).statements]:
+        db.execute(statement.sql, statement.params)
+    db.execute(f"UPDATE {names.meta} SET value = value + 1 WHERE \"key\" = 'schema_version'")
+    guard = sql.fenced(names, sql.Batch(())).statements[-1]
+    with pytest.raises(sqlite3.IntegrityError, match=fence):
+        db.execute(guard.sql, guard.params)

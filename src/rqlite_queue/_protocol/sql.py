@@ -289,8 +289,9 @@ def read_version(reply: Reply) -> int:
     return int(rows[0][0])
 
 
-SCHEMA_FENCE_ERROR = "NOT NULL constraint failed: {meta}.value"
-"""How a write fails when the stored schema version is not this code's (see `fenced`)."""
+SCHEMA_FENCE_ERROR = "UNIQUE constraint failed: {meta}.key"
+"""How a write fails when the stored schema version is not this code's (see `fenced`): not
+the NOT NULL failure on `meta.value` of STALE_EPOCH_ERROR, so the two are told apart."""
 
 
 def fenced(n: Names, batch: Batch) -> Batch:
@@ -302,7 +303,7 @@ def fenced(n: Names, batch: Batch) -> Batch:
     meta table's primary key."""
     if batch.write:
         statement = Statement(
-            f"INSERT INTO {n.meta} (key, value) SELECT 'schema_fence', NULL FROM {n.meta} "
+            f"INSERT INTO {n.meta} (key, value) SELECT 'schema_version', 0 FROM {n.meta} "
             f"WHERE \"key\" = 'schema_version' AND value != :schema",
             {"schema": SCHEMA_VERSION},
         )
