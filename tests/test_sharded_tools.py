@@ -93,7 +93,8 @@ def test_every_cli_command_on_two_shards(rq: Cli, q: Transport, tmp_path: Path) 
     assert '{"n":3}' in rq("peek", ga)
     listed = [json.loads(line) for line in rq("groups", "--json").splitlines()]
     assert {(g["group_id"], g["shard"]) for g in listed} == {(ga, "a"), (gb, "b")}
-    assert ga in rq("groups") and gb in rq("groups")
+    table = rq("groups")
+    assert re.search(rf"{ga}\s*│\s*a\s*│", table) and re.search(rf"{gb}\s*│\s*b\s*│", table)
     # publish's options route to the group's shard too; groups filters and pages
     gd, gt = on_shard(q, "b", "d"), on_shard(q, "a", "t")
     rq("publish", gd, "1", "--delay", "3600", "--ttl", "7200")
@@ -266,6 +267,11 @@ def test_every_dashboard_page_and_action_on_two_shards(
             assert page.status_code == 200, (path, page.text)
         for path in ("/fragments/overview", "/fragments/groups", "/fragments/dead"):
             assert http.get(path).status_code == 200, path
+        # which shard each group lives on, in the groups table and on the group's page
+        listing = http.get("/fragments/groups").text
+        assert '<th scope="col">shard</th>' in listing
+        assert re.search(rf"{ga}</a></td>\s*<td>a</td>", listing), listing
+        assert '<td data-field="shard">a</td>' in http.get(f"/group?id={ga}").text
         token = re.search(r'name="csrf" value="([^"]+)"', http.get("/").text)
         assert token
         csrf = {"csrf": token.group(1), "next": "/"}
@@ -289,7 +295,7 @@ def test_every_dashboard_page_and_action_on_two_shards(
         a1, a2 = [d for d in letters if d.shard == "a"]
         (b1,) = [d for d in letters if d.shard == "b"]
         page = http.get("/dead").text
-        assert "<th>shard</th>" in page
+        assert '<th scope="col">shard</th>' in page
         # the next-page links walk every dead letter once
         rows: list[tuple[str, str]] = []
         path = "/dead?limit=1"

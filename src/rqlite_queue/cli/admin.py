@@ -61,14 +61,17 @@ def groups_command(
     if not infos:
         click.echo("no groups")
         return 0
+    sharded = any(info.shard for info in infos)
     table = Table()
-    for column in ("group", "prio", "state", "depth", "head", "tries", "until", "holder", "age"):
+    columns = ("group", *(("shard",) if sharded else ()), "prio", "state", "depth", "head")
+    for column in (*columns, "tries", "until", "holder", "age"):
         table.add_column(
-            column, justify="left" if column in ("group", "state", "holder") else "right"
+            column, justify="left" if column in ("group", "shard", "state", "holder") else "right"
         )
     for info in infos:
         table.add_row(
             info.group_id,
+            *((info.shard,) if sharded else ()),
             str(info.priority),
             info.state,
             str(info.depth),
