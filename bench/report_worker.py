@@ -17,6 +17,8 @@ LABELS = {
     "many": "claim_many(32) + ack_many loop",
     "procrastinate": "Procrastinate, lock per group",
     "harel": "harel RqliteTransport loop",
+    "harel_redis": "harel RedisTransport loop",
+    "harel_pg": "harel PostgresTransport loop",
 }
 ORDER = list(LABELS)
 
@@ -81,6 +83,15 @@ def _value_targets(res: Results) -> list[Target]:
                 f"{name}, concurrency 64: ≥ 5x Procrastinate with a lock per group",
                 str(r),
                 _at_least(r.median, 5) if r.values else None,
+            )
+        )
+    for system, name in kinds:
+        r = ratio(res.get(sec, system, 8), res.get(sec, "harel_redis", 8))
+        out.append(
+            Target(
+                f"{name}, concurrency 8: ≥ 1.5x harel's Redis transport (issue 23)",
+                str(r),
+                _at_least(r.median, 1.5) if r.values else None,
             )
         )
     for system, name in kinds:
@@ -200,7 +211,7 @@ def throughput_md(res: Results, env: str = "rqlite") -> str:
         return str(ratio(res.get(sec, a, c), res.get(sec, b, c))) if {a, b} <= has else ""
 
     header = ["concurrency", "Worker msg/s", "AsyncWorker msg/s", "async / sync"]
-    peers = [s for s in ("procrastinate", "harel") if s in has]
+    peers = [s for s in ("procrastinate", "harel", "harel_redis", "harel_pg") if s in has]
     for peer in peers:
         header += [f"{LABELS[peer]} msg/s", f"Worker / {peer}", f"AsyncWorker / {peer}"]
     rows = []
@@ -353,6 +364,8 @@ STYLE: dict[str, tuple[str, str]] = {
     "worker_async": ("tab:cyan", "^"),
     "procrastinate": ("tab:purple", "s"),
     "harel": ("tab:red", "D"),
+    "harel_redis": ("tab:orange", "v"),
+    "harel_pg": ("tab:brown", "P"),
     "floor": ("tab:gray", "x"),
     "floor_async": ("dimgray", "+"),
     "many": ("tab:green", "*"),

@@ -200,9 +200,10 @@ def _missing(*modules: str) -> list[str]:
 
 @contextlib.contextmanager
 def start_peers(wanted: bool) -> Iterator[Peers]:
-    """harel if installed; a local PostgreSQL for Procrastinate (installed with apt-get once if
-    missing, by bench/peers/postgres.py), stopped on exit. A peer that cannot run is skipped
-    with one line saying why."""
+    """harel if installed, with a local Redis for its RedisTransport (bench/peers/
+    redis_server.py); a local PostgreSQL for Procrastinate and harel's PostgresTransport
+    (installed with apt-get once if missing, by bench/peers/postgres.py); all stopped on exit. A
+    peer that cannot run is skipped with one line saying why."""
     if not wanted:
         yield Peers(skipped=("peers not run (--no-peers, --only or --no-rqlite)",))
         return
@@ -210,21 +211,34 @@ def start_peers(wanted: bool) -> Iterator[Peers]:
     harel = not _missing("harel", "requests")
     if not harel:
         skipped.append("harel peer skipped: harel 0.9.0 or requests is not installed")
-    if _missing("procrastinate", "psycopg"):
-        skipped.append("procrastinate peer skipped: procrastinate or psycopg is not installed")
-        yield Peers(harel=harel, skipped=tuple(skipped))
-        return
-    from peers.postgres import LocalPostgres, PostgresUnavailable
-
     with contextlib.ExitStack() as stack:
+        redis_url, redis_version = None, ""
+        if harel and _missing("redis"):
+            skipped.append("harel's Redis transport skipped: the redis package is not installed")
+        elif harel:
+            from peers.redis_server import LocalRedis, RedisUnavailable
+
+            try:
+                server = stack.enter_context(LocalRedis())
+                redis_url, redis_version = server.url, server.version.split(" sha=")[0]
+                log(f"Redis up: {redis_version}, port {server.port}")
+            except RedisUnavailable as exc:
+                skipped.append(f"harel's Redis transport skipped: Redis unavailable: {exc}")
+        found = dict(harel=harel, redis_url=redis_url, redis_version=redis_version)
+        if _missing("procrastinate", "psycopg"):
+            skipped.append("procrastinate peer skipped: procrastinate or psycopg is not installed")
+            yield Peers(**found, skipped=tuple(skipped))
+            return
+        from peers.postgres import LocalPostgres, PostgresUnavailable
+
         try:
             pg = stack.enter_context(LocalPostgres())
         except PostgresUnavailable as exc:
             skipped.append(f"procrastinate peer skipped: PostgreSQL unavailable: {exc}")
-            yield Peers(harel=harel, skipped=tuple(skipped))
+            yield Peers(**found, skipped=tuple(skipped))
             return
         log(f"PostgreSQL up: {pg.version}, port {pg.port}")
-        yield Peers(pg.dsn, pg.version, harel, tuple(skipped))
+        yield Peers(pg.dsn, pg.version, skipped=tuple(skipped), **found)
 
 
 def smoke(cfg: Config) -> Config:

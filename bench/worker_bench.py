@@ -21,19 +21,27 @@ Systems, at each concurrency, in an order rotated between repetitions:
 - `harel`: harel 0.9's own `RqliteTransport` (the seed's algorithm over `requests`), driven by
   c threads each running claim -> no-op -> ack with a transport of its own, for
   `cfg.harel_window_s` seconds (it is too slow to drain the backlog).
+- `harel_redis` / `harel_pg`: the same loop over harel 0.9's `RedisTransport` (Lua scripts on
+  one local Redis without persistence, bench/peers/redis_server.py) and `PostgresTransport`
+  (`SELECT ... FOR UPDATE SKIP LOCKED` on the local PostgreSQL): unreplicated peers with the
+  same per-group exclusivity; their backlog is published through the transport before the
+  window, their CPU is their server's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import random
+import subprocess
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from measure import VISIBILITY, Cost, Meter, QueueWorker, Results, percentile, rotate, run_threads
 from systems import (
@@ -41,6 +49,7 @@ from systems import (
     AsyncFloorRqlite,
     build_ours,
     build_seed,
+    cpu_seconds,
     floor_session,
     reset_ours,
     setup_floor,
@@ -60,6 +69,8 @@ class Peers:
     pg_version: str = ""
     harel: bool = False
     skipped: tuple[str, ...] = ()
+    redis_url: str | None = None
+    redis_version: str = ""
 
 
 def meter(env: Env) -> Meter:
@@ -222,6 +233,71 @@ def run_harel(env: Env, cfg: Config, c: int) -> Outcome:
     return Outcome(run.messages, cost)
 
 
+def run_harel_elsewhere(env: Env, cfg: Config, peers: Peers, system: str, c: int) -> Outcome:
+    """harel's claim/ack loop over its Redis or PostgreSQL transport: c threads, a transport
+    each, for `cfg.harel_window_s` seconds, behind the same backlog as the Worker's."""
+    from harel.spec.states import Event
+
+    prefix = f"hb{uuid.uuid4().hex[:8]}"
+    make: Callable[[bool], Any]
+    if system == "harel_redis":
+        from harel.engine.transport import RedisTransport
+
+        url = peers.redis_url
+        assert url is not None
+        make = lambda first: RedisTransport.from_url(url, prefix=prefix)  # noqa: E731
+    else:
+        from harel.engine.transport import PostgresTransport
+
+        dsn = peers.pg_dsn
+        assert dsn is not None
+        make = lambda first: PostgresTransport.from_dsn(  # noqa: E731
+            dsn, prefix=prefix, create_schema=first
+        )
+    backlog, groups = cfg.worker_backlog
+    publisher = make(True)
+    for i in range(backlog):
+        publisher.publish(f"g{i % groups}", Event(kind="m", data={"i": i}))
+    pids = _server_pids(system)
+    loops = [QueueWorker(make(False), f"h{i}") for i in range(c)]
+    cpu0 = cpu_seconds(pids)
+    m = meter(env).start()
+    run = run_threads(loops, backlog, cfg.harel_window_s)
+    cost = m.stop()
+    server_cpu = cpu_seconds(pids) - cpu0
+    for loop in loops:
+        loop.close()
+    _drop_harel(publisher, system, prefix)
+    publisher.close()
+    # Its server's CPU, not rqlited's (idle meanwhile); no Raft log.
+    cost = dataclasses.replace(
+        cost, raft_entries=None, server_cpu=server_cpu if pids else float("nan")
+    )
+    return Outcome(run.messages, cost)
+
+
+def _server_pids(system: str) -> list[int]:
+    """The peer's server processes (their CPU is the server's share)."""
+    name = "redis-server" if system == "harel_redis" else "postgres"
+    out = subprocess.run(["pgrep", "-x", name], capture_output=True, text=True, check=False)
+    return [int(p) for p in out.stdout.split()]
+
+
+def _drop_harel(transport: Any, system: str, prefix: str) -> None:
+    """Leave nothing behind for the next point."""
+    if system == "harel_redis":
+        client = transport._r
+        for key in client.scan_iter(f"{prefix}:*"):
+            client.delete(key)
+        return
+    conn = transport._conn
+    with conn.cursor() as cur:
+        cur.execute("SELECT tablename FROM pg_tables WHERE tablename LIKE %s", (f"{prefix}%",))
+        for (table,) in cur.fetchall():
+            cur.execute(f'DROP TABLE IF EXISTS "{table}" CASCADE')
+    conn.commit()
+
+
 # ------------------------------------------------------------------------------ the section
 
 
@@ -235,6 +311,10 @@ def _runs(env: Env, cfg: Config, peers: Peers, c: int) -> list[str]:
         runs.append("procrastinate")
     if peers.harel and c in cfg.harel_concurrency:
         runs.append("harel")
+        if peers.redis_url:
+            runs.append("harel_redis")
+        if peers.pg_dsn:
+            runs.append("harel_pg")
     return runs
 
 
@@ -247,6 +327,8 @@ def _one(env: Env, cfg: Config, peers: Peers, system: str, c: int) -> Outcome:
         return run_procrastinate(env, cfg, peers, c)
     if system == "harel":
         return run_harel(env, cfg, c)
+    if system in ("harel_redis", "harel_pg"):
+        return run_harel_elsewhere(env, cfg, peers, system, c)
     still = quiet(env)
     target = backlog if c > 1 else cfg.worker_c1_messages
     if system == "worker":
@@ -461,6 +543,10 @@ def describe_peers(peers: Peers) -> str:
         out.append(f"Procrastinate 3.10.0 with one lock per group, on {peers.pg_version}")
     if peers.harel:
         out.append("harel 0.9.0's RqliteTransport (requests), a claim/ack loop per thread")
+    if peers.harel and peers.redis_url:
+        out.append(f"harel 0.9.0's RedisTransport on {peers.redis_version} (no persistence)")
+    if peers.harel and peers.pg_dsn:
+        out.append(f"harel 0.9.0's PostgresTransport on {peers.pg_version}")
     return "; ".join([*out, *peers.skipped]) or "none"
 
 

@@ -122,7 +122,7 @@ def rqlite_config(full: bool) -> Config:
         worker_c1_messages=3_000 if full else 800,
         floor_writes=2_000 if full else 600,
         procrastinate_concurrency=(1, 8, 32, 64, 128) if full else (1, 64),
-        harel_concurrency=(1, 8, 64) if full else (1, 64),
+        harel_concurrency=(1, 8, 64),
         harel_window_s=8.0 if full else 3.0,
         idle_s=60.0 if full else 15.0,
         idle_baseline_s=20.0 if full else 5.0,
