@@ -64,6 +64,9 @@ DROPS = {
     ),
     "the turn counter (UPDATE meta)": f"UPDATE rq_{QUEUE}_meta SET value = value + 1",
     "the claim's token (INSERT INTO claims)": f"INSERT INTO rq_{QUEUE}_claims",
+    "the schema fence (INSERT INTO meta ... WHERE the version is not this code's)": (
+        f"INSERT INTO rq_{QUEUE}_meta (key, value) SELECT 'schema_version'"
+    ),
 }
 
 
@@ -116,6 +119,8 @@ class RoundLoop:
     def plan(self, n: int, ack: list[Lease]) -> Plan[Round]:
         spec = RoundSpec(worker_id="w", visibility=VISIBILITY, n=n, ack=ack)
         plan = self.core.round(self.core.check_round(spec))
+        # As the transport sends it: with the schema fence at its end.
+        plan = dataclasses.replace(plan, batch=self.core.fenced(plan.batch))
         kept = [
             k
             for k, s in enumerate(plan.batch.statements)
