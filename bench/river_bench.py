@@ -49,6 +49,7 @@ def river(pg_dsn: str, reps: int, jobs: int = JOBS) -> list[float]:
 def river_md(values: list[float], command: str, version: str, binary: str = "") -> str:
     """The report's River section. `command` is the bench's command line (`command(jobs)`),
     `version` the PostgreSQL server's (LocalPostgres.version), `binary` what ran (`describe()`)."""
+    version = version.replace("postgres (PostgreSQL) ", "PostgreSQL ")  # as `postgres --version`
     reps = ", ".join(f"{v:,.0f}" for v in values)
     median = statistics.median(values) if values else float("nan")
     return (
@@ -86,12 +87,12 @@ def main(argv: list[str]) -> int:
         print(what, file=sys.stderr)
         with LocalPostgres() as pg:
             values = river(pg.dsn, args.reps, args.jobs)
-            version = pg.version.removeprefix("postgres (PostgreSQL) ")
+            version = pg.version
     except (RiverUnavailable, PostgresUnavailable) as exc:
         print(f"River skipped: {exc}")
         return 1
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    md = river_md(values, command(args.jobs), f"PostgreSQL {version}", what)
+    md = river_md(values, command(args.jobs), version, what)
     ran = shlex.join([".venv/bin/python", "bench/river_bench.py", *argv])
     md += f"\nRun {when} with `{ran}`; load average at start {load}, {os.cpu_count()} cores.\n"
     print(md)
