@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import report_worker
+import river_bench
 from measure import Results
 from tables import Ratio, _num, cell, ratio, table
 
@@ -552,6 +553,12 @@ def markdown(res: Results, meta: dict[str, str], images: list[str]) -> str:
     worker_imgs = [i for i in images if i.startswith("rqlite_worker")]
     if worker_imgs:
         parts.append("\n" + "\n".join(f"![{i}]({i})" for i in worker_imgs) + "\n")
+    river = res.get("river", "river", river_bench.JOBS)
+    if river is not None:
+        version = meta.get("river_pg", "PostgreSQL")
+        parts.append("\n" + river_bench.river_md(river.values, river.note, version, meta["river"]))
+    elif meta.get("river", "").startswith("river skipped"):
+        parts.append(f"\n_{meta['river']}_\n")
     for env, title in (
         ("rqlite", "The transport's calls, rqlite (local 3-node cluster)"),
         ("sqlite", "The transport's calls, embedded SQLite"),

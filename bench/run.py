@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import report
+import river_bench
 import worker_bench
 import workloads
 from measure import Point, Results
@@ -241,6 +242,27 @@ def start_peers(wanted: bool) -> Iterator[Peers]:
         yield Peers(pg.dsn, pg.version, skipped=tuple(skipped), **found)
 
 
+def river_context(peers: Peers, res: Results, meta: dict[str, str]) -> None:
+    """River's own bench on the peers' PostgreSQL: the fast-unordered context line (no per-group
+    order: not a peer). Skipped with one line if River cannot be built or run."""
+    if not peers.pg_dsn:
+        return
+    try:
+        values = river_bench.river(peers.pg_dsn, 3)
+        meta["river"] = river_bench.describe()
+    except river_bench.RiverUnavailable as exc:
+        meta["river"] = f"river skipped: {exc}"
+        log(meta["river"])
+        return
+    p = None
+    for v in values:
+        p = res.add("river", "river", river_bench.JOBS, "jobs/s", v)
+    if p is not None:
+        p.note = river_bench.command(river_bench.JOBS)
+    meta["river_pg"] = peers.pg_version
+    log(f"river: {', '.join(f'{v:.0f}' for v in values)} jobs/s")
+
+
 def smoke(cfg: Config) -> Config:
     return dataclasses.replace(
         cfg,
@@ -309,6 +331,8 @@ def main(argv: list[str]) -> int:
                     cfg = workloads.rqlite_config(args.full)
                     cfg = smoke(cfg) if args.smoke else cfg
                     run_all(env, cfg, RQLITE_WORKLOADS, only, res, peers)
+                    if not args.smoke and (only is None or "worker" in only):
+                        river_context(peers, res, meta)
                 finally:
                     env.admin.close()
         leftover = live_pids() - before
