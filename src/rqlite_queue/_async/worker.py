@@ -50,6 +50,9 @@ SCHEDULE_CHECK = 1.0
 its polls)."""
 EWMA = 0.2
 """The weight of the latest measure in the running means of handler and round-trip times."""
+# The default prefetch, per slot (Celery's default prefetch multiplier): with quick handlers a
+# round carries up to 5 x `concurrency` messages (bench/results/prefetch.md).
+PREFETCH_MULTIPLIER = 4
 QUICK_POLL = 0.01
 QUICK_POLL_FOR = 1.0
 """For this long after its last message, an idle worker polls every QUICK_POLL seconds (work
@@ -166,7 +169,8 @@ class AsyncWorker:
       write. A new message is picked up within about `poll_interval`.
     - Prefetch: a round claims ahead of the free slots as many messages as the handlers are
       expected to finish during one round trip (`concurrency` x round trip / handler time,
-      running means), at most `prefetch` (default: `concurrency`; 0: never ahead). They wait
+      running means), at most `prefetch` (default: 4 x `concurrency`, Celery's default prefetch
+      multiplier; 0: never ahead). They wait
       in order and start as soon as a slot frees, while the next round trip is in flight, so
       that a round carries more than `concurrency` messages when handlers are quick. Slow
       handlers claim nothing ahead. A prefetched message whose handler has not started within
@@ -246,7 +250,7 @@ class AsyncWorker:
         self.grace = float(grace)
         self.heartbeat_interval = heartbeat_interval or max(0.05, visibility / 6)
         self.stats = WorkerStats()
-        self.prefetch = concurrency if prefetch is None else prefetch
+        self.prefetch = PREFETCH_MULTIPLIER * concurrency if prefetch is None else prefetch
         self._running: dict[tuple[str, int], Lease] = {}
         """Every lease this worker holds for a handler: running, or waiting for a slot."""
         self._waiting: dict[int, tuple[tuple[str, int], float]] = {}
