@@ -258,8 +258,8 @@ def run_harel_elsewhere(env: Env, cfg: Config, peers: Peers, system: str, c: int
     publisher = make(True)
     for i in range(backlog):
         publisher.publish(f"g{i % groups}", Event(kind="m", data={"i": i}))
-    pids = _server_pids(system)
     loops = [QueueWorker(make(False), f"h{i}") for i in range(c)]
+    pids = _server_pids(system)  # (after the loops connect: PostgreSQL forks a backend each)
     cpu0 = cpu_seconds(pids)
     m = meter(env).start()
     run = run_threads(loops, backlog, cfg.harel_window_s)
