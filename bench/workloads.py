@@ -6,6 +6,7 @@ run one after the other, in an order that rotates from one repetition to the nex
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import json
 import sqlite3
@@ -58,6 +59,7 @@ from systems import (
 from rqlite_queue import AsyncTransport, Transport
 from rqlite_queue._protocol.core import QueueCore
 from rqlite_queue._protocol.http import parse_reply, request_for
+from rqlite_queue._protocol.params import Message, RoundSpec
 from rqlite_queue._protocol.sql import Reply
 
 QUEUE = "bench"
@@ -637,19 +639,30 @@ class _Timer:
         self.pool.close()
 
 
+def _fenced(core: QueueCore, plan: Any) -> Any:
+    """The plan as the transport sends it: with the schema fence at its end."""
+    return dataclasses.replace(plan, batch=core.fenced(plan.batch))
+
+
+def _round(core: QueueCore, **spec: Any) -> Any:
+    return _fenced(core, core.round(core.check_round(RoundSpec(worker_id="t", **spec))))
+
+
 def _time_ours(t: _Timer, core: QueueCore, i: int, many: int) -> None:
     t.send("floor: UPDATE", WRITE_PATH, json.dumps([[FLOOR_UPDATE, 0]]).encode())
-    leases = t.plan("ours: claim", core.claim("t", VISIBILITY, 1, 0)).leases
-    plan = core.round(worker_id="t", visibility=VISIBILITY, n=1, ack=leases)
+    leases = t.plan("ours: claim", _round(core, visibility=VISIBILITY, n=1)).leases
+    plan = _round(core, visibility=VISIBILITY, n=1, ack=leases)
     leases = t.plan("ours: Worker round, ack 1 + claim 1", plan).leases
-    t.plan("ours: ack", core.ack(leases))
+    t.plan("ours: ack", _round(core, ack=leases))
     if i % 4 == 0:
-        t.plan("ours: probe (node-local read)", core.probe(0))
-        t.plan("ours: publish_many(100)", core.publish_many(_items(100, i)))
-        batch = t.plan(f"ours: claim_many({many})", core.claim("t", VISIBILITY, many, 0)).leases
-        plan = core.round(worker_id="t", visibility=VISIBILITY, n=many, ack=batch)
+        t.plan("ours: probe (node-local read)", _fenced(core, core.probe(0)))
+        items = Message.parse_many(_items(100, i))
+        publish = _fenced(core, core.publish(core.messages(items, scoped=False)))
+        t.plan("ours: publish_many(100)", publish)
+        batch = t.plan(f"ours: claim_many({many})", _round(core, visibility=VISIBILITY, n=many))
+        plan = _round(core, visibility=VISIBILITY, n=many, ack=batch.leases)
         again = t.plan(f"ours: Worker round, ack {many} + claim {many}", plan).leases
-        t.plan(f"ours: ack_many({many})", core.ack(again))
+        t.plan(f"ours: ack_many({many})", _round(core, ack=again))
 
 
 def _time_seed(t: _Timer) -> None:
@@ -745,10 +758,12 @@ def request_size(env: Env, cfg: Config, res: Results) -> None:
     padded = FLOOR_UPDATE + " /*" + "x" * (1100 - len(FLOOR_UPDATE) - 6) + "*/"
     sizes = {
         "claim(min_priority=0) + ack": sum(
-            len(s.sql) for s in core.claim("w", VISIBILITY, 1, 0).batch.statements
+            len(s.sql)
+            for s in _round(core, visibility=VISIBILITY, n=1, min_priority=0).batch.statements
         ),
         "claim(min_priority=4) + ack": sum(
-            len(s.sql) for s in core.claim("w", VISIBILITY, 1, 4).batch.statements
+            len(s.sql)
+            for s in _round(core, visibility=VISIBILITY, n=1, min_priority=4).batch.statements
         ),
         "floor write": len(FLOOR_UPDATE),
         "floor write padded to 1100 bytes": len(padded),
@@ -781,7 +796,7 @@ def prepare_cost(path: str, res: Results, repeats: int = 300) -> None:
         conn = sqlite3.connect(path, isolation_level=None, cached_statements=128 if cached else 0)
         times: dict[int, list[float]] = {}
         for _ in range(repeats):
-            plan = core.claim("w", VISIBILITY, 1, 0)
+            plan = _round(core, visibility=VISIBILITY, n=1)
             conn.execute("BEGIN IMMEDIATE")
             leased: list[Any] = []
             for k, st in enumerate(plan.batch.statements):
