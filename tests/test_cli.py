@@ -132,7 +132,10 @@ class Target:
         return Transport.from_url(self.url, queue=self.queue)
 
 
-@pytest.fixture(params=["sqlite", "rqlite3"])
+# The CLI is one code path over the Transport: its commands run on rqlite (the production
+# backend) in the default run, on the embedded SQLite in the slow tier too (the backends
+# themselves are the contract suite's).
+@pytest.fixture(params=[pytest.param("sqlite", marks=pytest.mark.slow), "rqlite3"])
 def target(request: pytest.FixtureRequest, tmp_path: Path) -> Target:
     queue = f"cli_{uuid.uuid4().hex[:8]}"
     if request.param == "sqlite":

@@ -298,6 +298,7 @@ def _sharded_config(seed: int, faults: int) -> Config:
     )
 
 
+@pytest.mark.slow  # (the short unsharded run stays in the default run; make chaos runs both)
 def test_short_sharded_chaos_run(rqlited_path: str, tmp_path: Path) -> None:
     """Two clusters of three nodes; leader kills and pauses in both, one shard's whole
     cluster down for seconds: nothing lost, no order, exclusivity or fencing violation, and

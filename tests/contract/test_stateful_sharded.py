@@ -287,6 +287,7 @@ def on_shards(urls: Callable[[], tuple[str, str]]) -> type[ShardedMachine]:
     return Machine
 
 
+@pytest.mark.slow  # (the rqlite shards run the same machine in the default run)
 def test_the_contract_holds_on_two_sqlite_shards(tmp_path: Path) -> None:
     def urls() -> tuple[str, str]:
         tag = uuid.uuid4().hex[:12]
