@@ -27,7 +27,7 @@ PG_USER = "postgres"
 SHARED_BUFFERS = "128MB"
 START_TIMEOUT_S = 60
 
-_apt_tried = False
+_apt_tried: set[str] = set()
 
 
 class PostgresUnavailable(RuntimeError):
@@ -64,27 +64,27 @@ def _privileged(cmd: list[str]) -> list[str]:
     raise PostgresUnavailable(f"{shlex.join(cmd)} needs root, and there is no sudo")
 
 
-def _install_postgres() -> None:
-    """Try `apt-get install postgresql` once per process: a second try would only fail again."""
-    global _apt_tried
-    if _apt_tried:
-        raise PostgresUnavailable("no initdb under /usr/lib/postgresql/*/bin (install failed)")
-    _apt_tried = True
+def apt_install(package: str, missing: str) -> None:
+    """`apt-get install -y package`, tried once per process and package (a second try would
+    only fail again); `missing` says what was looked for. PostgresUnavailable on failure."""
+    if package in _apt_tried:
+        raise PostgresUnavailable(f"{missing} (installing {package} failed)")
+    _apt_tried.add(package)
     if not shutil.which("apt-get"):
-        raise PostgresUnavailable("no initdb under /usr/lib/postgresql/*/bin, and no apt-get")
-    install = ["env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "install", "-y", "postgresql"]
+        raise PostgresUnavailable(f"{missing}, and no apt-get")
+    install = ["env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "install", "-y", package]
     try:
-        _run(_privileged(install), "apt-get install -y postgresql")
+        _run(_privileged(install), f"apt-get install -y {package}")
     except PostgresUnavailable:
         # A fresh machine may have no package lists yet; refresh them and try the install again.
         _run(_privileged(["apt-get", "update"]), "apt-get update")
-        _run(_privileged(install), "apt-get install -y postgresql")
+        _run(_privileged(install), f"apt-get install -y {package}")
 
 
 def _bin_dir() -> str:
     found = _find_bin_dir()
     if found is None:
-        _install_postgres()
+        apt_install("postgresql", "no initdb under /usr/lib/postgresql/*/bin")
         found = _find_bin_dir()
     if found is None:
         raise PostgresUnavailable("apt-get installed postgresql but no initdb was found")

@@ -17,11 +17,9 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from peers.postgres import PostgresUnavailable, _privileged, _run
+from peers.postgres import PostgresUnavailable, apt_install
 
 START_TIMEOUT_S = 30
-
-_apt_tried = False
 
 
 class RedisUnavailable(RuntimeError):
@@ -29,21 +27,9 @@ class RedisUnavailable(RuntimeError):
 
 
 def _install_redis() -> None:
-    """Try `apt-get install redis-server` once per process."""
-    global _apt_tried
-    if _apt_tried:
-        raise RedisUnavailable("no redis-server on the PATH (install failed)")
-    _apt_tried = True
-    if not shutil.which("apt-get"):
-        raise RedisUnavailable("no redis-server on the PATH, and no apt-get")
-    install = ["env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "install", "-y"]
     try:
-        try:
-            _run(_privileged([*install, "redis-server"]), "apt-get install -y redis-server")
-        except PostgresUnavailable:
-            _run(_privileged(["apt-get", "update"]), "apt-get update")
-            _run(_privileged([*install, "redis-server"]), "apt-get install -y redis-server")
-    except PostgresUnavailable as exc:
+        apt_install("redis-server", "no redis-server on the PATH")
+    except PostgresUnavailable as exc:  # (the shared installer's error)
         raise RedisUnavailable(str(exc)) from exc
 
 
