@@ -60,15 +60,27 @@ class AiohttpClient(AsyncRqliteClient):
         return self._session
 
     async def _post(self, send: Send, path: str, body: bytes) -> Outcome:
+        return await self._exchange(send, "POST", path, body, {})
+
+    async def _send_file(self, send: Send, request: Transfer) -> Outcome:
+        """A backup or a load: the file as the body, or the reply's (read whole)."""
+        headers = {"Content-Type": "application/octet-stream"} if request.body is not None else {}
+        return await self._exchange(send, request.method, request.path, request.body, headers)
+
+    async def _exchange(
+        self, send: Send, method: str, path: str, body: bytes | None, headers: dict[str, str]
+    ) -> Outcome:
         session = self._open()
         sent_at = self.clock()
         # The connection must be made within most of the attempt, so that running out of time
         # before the request left is a connection timeout (not sent), never a total one.
         timeout = aiohttp.ClientTimeout(total=send.timeout, connect=send.timeout * CONNECT_SHARE)
         try:
-            async with session.post(
+            async with session.request(
+                method,
                 self.endpoints.urls[send.node] + path,
                 data=body,
+                headers=headers,
                 timeout=timeout,
                 allow_redirects=False,
             ) as response:
@@ -80,27 +92,6 @@ class AiohttpClient(AsyncRqliteClient):
         return HttpReply(
             response.status, content, response.headers.get("Date"), sent_at, self.clock()
         )
-
-    async def _send_file(self, send: Send, request: Transfer) -> Outcome:
-        """A backup or a load: the file as the body, or the reply's (read whole)."""
-        session = self._open()
-        headers = {"Content-Type": "application/octet-stream"} if request.body is not None else {}
-        timeout = aiohttp.ClientTimeout(total=send.timeout, connect=send.timeout * CONNECT_SHARE)
-        try:
-            async with session.request(
-                request.method,
-                self.endpoints.urls[send.node] + request.path,
-                data=request.body,
-                headers=headers,
-                timeout=timeout,
-                allow_redirects=False,
-            ) as response:
-                content = await response.read()
-        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
-            return NotSent(str(exc))
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            return NoReply(repr(exc))
-        return HttpReply(response.status, content, response.headers.get("Date"))
 
     async def get_json(self, base_url: str, path: str, timeout: float) -> Any:
         """GET an rqlite node's JSON endpoint (`/status`, `/nodes`) with this client's

@@ -59,13 +59,25 @@ class Urllib3Client(RqliteClient):
         ]
 
     def _post(self, send: Send, path: str, body: bytes) -> Outcome:
+        return self._exchange(send, "POST", path, body, self._headers)
+
+    def _send_file(self, send: Send, request: Transfer) -> Outcome:
+        """A backup or a load: the file as the body, or the reply's (read whole)."""
+        headers = dict(self._headers)
+        if request.body is not None:
+            headers["Content-Type"] = "application/octet-stream"
+        return self._exchange(send, request.method, request.path, request.body, headers)
+
+    def _exchange(
+        self, send: Send, method: str, path: str, body: bytes | None, headers: dict[str, str]
+    ) -> Outcome:
         sent_at = self.clock()
         try:
             response = self._pools[send.node].urlopen(
-                "POST",
+                method,
                 path,
                 body=body,
-                headers=self._headers,
+                headers=headers,
                 timeout=urllib3.Timeout(connect=send.timeout, read=send.timeout),
                 retries=False,
                 redirect=False,
@@ -81,27 +93,6 @@ class Urllib3Client(RqliteClient):
         return HttpReply(
             response.status, response.data, response.headers.get("Date"), sent_at, self.clock()
         )
-
-    def _send_file(self, send: Send, request: Transfer) -> Outcome:
-        """A backup or a load: the file as the body, or the reply's (read whole)."""
-        headers = dict(self._headers)
-        if request.body is not None:
-            headers["Content-Type"] = "application/octet-stream"
-        try:
-            response = self._pools[send.node].urlopen(
-                request.method,
-                request.path,
-                body=request.body,
-                headers=headers,
-                timeout=urllib3.Timeout(connect=send.timeout, read=send.timeout),
-                retries=False,
-                redirect=False,
-            )
-        except (NewConnectionError, ConnectTimeoutError) as exc:
-            return NotSent(str(exc))
-        except (HTTPError, OSError) as exc:
-            return NoReply(repr(exc))
-        return HttpReply(response.status, response.data, response.headers.get("Date"))
 
     def get_json(self, base_url: str, path: str, timeout: float) -> Any:
         """GET an rqlite node's JSON endpoint (`/status`, `/nodes`) with this client's
