@@ -144,14 +144,14 @@ def _current(
 
 
 def publishing(queue: str, messages: Sequence[Any]) -> Any:
-    """The span of a publish of `messages` (`params.Message`), current while it runs (the
+    """The span of a publish of `messages` (`params.GivenMessage`), current while it runs (the
     messages checked within it carry its context), or None when tracing is off."""
     tr = tracer()
     if tr is None:
         return None
     attributes = _attributes(queue, "publish", "send")
     if len(messages) == 1:
-        group = messages[0].group_id
+        group = messages[0][0]  # (its group id: a `Message`, or a pair as given)
         if isinstance(group, str):
             attributes["messaging.message.conversation_id"] = group
     else:

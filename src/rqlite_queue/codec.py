@@ -35,13 +35,19 @@ _C_ENCODER: Any = (
 itself fails on the recursion limit instead, an `EncodeError` all the same.)"""
 
 
+_JSON_TYPES = frozenset({dict, list, str, int, float, bool, type(None)})
+"""Payloads that are surely not models (a failed `hasattr` costs an exception)."""
+
+
 class JsonCodec:
     """The default: JSON values (dicts, lists, strings, numbers, booleans, None). A
     pydantic-style model is refused: it would come back as a dict; give the transport
     `codec=Model` (a `ModelCodec`) to get models back."""
 
     def encode(self, payload: Any) -> str:
-        if hasattr(payload, "model_dump_json") and not isinstance(payload, type):
+        if type(payload) not in _JSON_TYPES and (
+            hasattr(payload, "model_dump_json") and not isinstance(payload, type)
+        ):
             raise EncodeError(
                 f"a {type(payload).__name__} model would come back as a dict: "
                 f"open the transport with codec={type(payload).__name__}"

@@ -67,10 +67,14 @@ class AsyncBackend:
         core: QueueCore,
         *,
         skew: Callable[[], float] = lambda: 0.0,
+        binds_rows: bool = False,
     ) -> None:
         self.executor = executor
         self.core = core
         self.skew = skew
+        self.binds_rows = binds_rows
+        """Whether a publish's rows go as bound parameters (the embedded SQLite binds them for
+        less than it parses JSON) or as one JSON text (rqlite: `sql.publish`)."""
         self.schema_checked = False
         self.resent = 0
         """Batches sent again after an unknown outcome (for tests and metrics)."""
@@ -360,7 +364,10 @@ class AsyncClusterRouter:
     ) -> list[int]:
         backend = self.backend
         tenants_on = backend.fair if bounded else None
-        return await backend.run(backend.core.publish(messages, tenants_on=tenants_on), deadline)
+        return await backend.run(
+            backend.core.publish(messages, tenants_on=tenants_on, bind_rows=backend.binds_rows),
+            deadline,
+        )
 
     async def _publish_calls(
         self, calls: list[tuple[Sequence[NewMessage], float]]

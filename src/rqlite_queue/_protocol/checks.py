@@ -16,6 +16,8 @@ MAX_ID_BYTES = 1024
 
 def check_id(value: object, what: str, limit: int = MAX_ID_BYTES) -> None:
     """A non-empty str of valid Unicode without NUL, at most `limit` bytes encoded."""
+    if type(value) is str and value.isascii() and 0 < len(value) <= limit and "\x00" not in value:
+        return  # (the common case, at the cost of a few calls: ASCII's size is its length)
     if not isinstance(value, str) or not value:
         raise InvalidArgument(f"{what} must be a non-empty string, got {show(value)}")
     check_text(value, what, limit)
@@ -44,6 +46,8 @@ _REPR.maxstring = _REPR.maxother = 60
 
 def check_int(value: object, name: str, low: int, high: int | None = None) -> None:
     """An int (not a bool) in [low, high]."""
+    if type(value) is int and low <= value and (high is None or value <= high):
+        return  # (the common case, before the message is made)
     bounds = f"in {low}-{high}" if high is not None else f">= {low}"
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidArgument(f"{name} must be an int {bounds}, got {show(value)}")

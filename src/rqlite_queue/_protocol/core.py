@@ -59,6 +59,7 @@ from .params import (
     FINISH,
     GIVE_BACK,
     CheckedRound,
+    GivenMessage,
     Message,
     RoundSpec,
     ScheduleSpec,
@@ -66,6 +67,7 @@ from .params import (
     TraceHeaders,
     check_reason,
     check_tenant,
+    checked_message,
 )
 from .sharding import scoped_dedup_id
 
@@ -244,24 +246,19 @@ class QueueCore:
 
     # ---------------------------------------------------------------------- publish
 
-    def messages(self, given: Sequence[Message], *, scoped: bool) -> list[sql.NewMessage]:
+    def messages(self, given: Sequence[GivenMessage], *, scoped: bool) -> list[sql.NewMessage]:
         """Check and encode messages to publish. `scoped`: dedup ids are scoped to their
         group (a sharded queue's: the same id in two groups is two messages)."""
         now = self._now()
         trace = None if self.trace_headers is None else TraceHeaders.of(self.trace_headers())
-
-        def checked(m: Message) -> sql.NewMessage:
-            row = m.checked(now, self._encode, self._dedup_id, trace)
-            if scoped and row.dedup_id is not None:
-                return dataclasses.replace(
-                    row, dedup_id=scoped_dedup_id(row.group_id, row.dedup_id)
-                )
-            return row
-
+        encode, dedup_id = self._encode, None if self.dedup_key is None else self._dedup_id
         rows: list[sql.NewMessage] = []
         try:  # (one try for the list: a call per message to mark its index costs more)
             for m in given:
-                rows.append(checked(m))
+                row = checked_message(m, now, encode, dedup_id, trace)
+                if scoped and row.dedup_id is not None:
+                    row = row._replace(dedup_id=scoped_dedup_id(row.group_id, row.dedup_id))
+                rows.append(row)
         except InvalidArgument as exc:
             exc.index = len(rows)
             raise
@@ -281,7 +278,7 @@ class QueueCore:
             return items.rows
         return self._follow_up_rows(Message.parse_many(items), scoped)  # type: ignore[arg-type]
 
-    def _follow_up_rows(self, given: Sequence[Message], scoped: bool) -> list[sql.NewMessage]:
+    def _follow_up_rows(self, given: Sequence[GivenMessage], scoped: bool) -> list[sql.NewMessage]:
         """Follow-ups are published as they are: a debounce key has no pending message to
         replace in an ack's transaction that it could name (refused)."""
         rows = self.messages(given, scoped=scoped)
@@ -293,15 +290,63 @@ class QueueCore:
         return rows
 
     def publish(
-        self, messages: Sequence[sql.NewMessage], *, tenants_on: bool | None = True
+        self,
+        messages: Sequence[sql.NewMessage],
+        *,
+        tenants_on: bool | None = True,
+        bind_rows: bool = False,
     ) -> Plan[list[int]]:
         """Publish checked messages atomically; the plan reads their seqs, in order.
         `tenants_on`: what the client knows of the queue's tenants (bounds need them on):
         True, check the bounds; False, fail if they are on (and then check them, with
-        `Plan.if_tenants_on`); None, skip bounds (follow-ups forwarded from an outbox)."""
+        `Plan.if_tenants_on`); None, skip bounds (follow-ups forwarded from an outbox).
+        `bind_rows`: the backend is the embedded SQLite (`sql.publish`)."""
         now = self._now()
-        # A dedup id repeated within one batch is one message: its repeats get its seq. So is
-        # a debounce key repeated in a group: the first's place, the last's content.
+        plain = not any(
+            m.tenant is not None or m.dedup_id is not None or m.debounce is not None
+            for m in messages
+        )
+        unique, where = (list(messages), None) if plain else self._folded(messages)
+        seen = () if plain else {m.dedup_id for m in unique if m.dedup_id is not None}
+        # Forget ids a whole window after they expired: a publisher whose clock runs ahead of
+        # another's by up to the window cannot prune ids the other still relies on.
+        prune = bool(seen) and self.chance() < PRUNE_CHANCE
+        batch = sql.publish(
+            self.names,
+            unique,
+            now=now,
+            dedup_until=now + self.dedup_window,
+            prune_before=now - self.dedup_window if prune else None,
+            bounds="check" if tenants_on else "skip" if tenants_on is None else "tripwire",
+            bind_rows=bind_rows,
+        )
+
+        def read(reply: sql.Reply) -> list[int]:
+            seqs = sql.read_published(reply, unique)
+            return seqs if where is None else [seqs[at] for at in where]
+
+        # Only dedup ids make a second send harmless: it then finds the ids and inserts nothing.
+        every_message_deduplicated = all(m.dedup_id is not None for m in messages)
+        named = not plain and any(m.tenant is not None for m in unique)
+        return Plan(
+            batch,
+            read,
+            read if every_message_deduplicated else None,
+            tenants_on=named,
+            explain=lambda: self._queue_full(unique),
+            if_tenants_on=None
+            if tenants_on is not False
+            else lambda: self.publish(messages, tenants_on=True, bind_rows=bind_rows),
+        )
+
+    @staticmethod
+    def _folded(
+        messages: Sequence[sql.NewMessage],
+    ) -> tuple[list[sql.NewMessage], list[int]]:
+        """The messages to insert, and where each given one went among them: a dedup id
+        repeated within one batch is one message (its repeats get its seq), and so is a
+        debounce key repeated in a group (the first's place, the last's content). A group
+        given two tenants is refused (`TenantMismatch`)."""
         unique: list[sql.NewMessage] = []
         where: list[int] = []  # each message's index in `unique`
         first: dict[tuple[str, ...], int] = {}
@@ -324,8 +369,7 @@ class QueueCore:
                 if m.debounce is not None:
                     run = unique[at]
                     due = m.due if run.due_by is None else min(m.due, run.due_by)
-                    unique[at] = dataclasses.replace(
-                        run,
+                    unique[at] = run._replace(
                         event=m.event,
                         due=due,
                         expires=m.expires,
@@ -338,36 +382,7 @@ class QueueCore:
                 first[key] = len(unique)
             where.append(len(unique))
             unique.append(m)
-        seen = {m.dedup_id for m in unique if m.dedup_id is not None}
-        # Forget ids a whole window after they expired: a publisher whose clock runs ahead of
-        # another's by up to the window cannot prune ids the other still relies on.
-        prune = bool(seen) and self.chance() < PRUNE_CHANCE
-        batch = sql.publish(
-            self.names,
-            unique,
-            now=now,
-            dedup_until=now + self.dedup_window,
-            prune_before=now - self.dedup_window if prune else None,
-            bounds="check" if tenants_on else "skip" if tenants_on is None else "tripwire",
-        )
-
-        def read(reply: sql.Reply) -> list[int]:
-            seqs = sql.read_published(reply, unique)
-            return [seqs[at] for at in where]
-
-        # Only dedup ids make a second send harmless: it then finds the ids and inserts nothing.
-        every_message_deduplicated = all(m.dedup_id is not None for m in messages)
-        named = any(m.tenant is not None for m in unique)
-        return Plan(
-            batch,
-            read,
-            read if every_message_deduplicated else None,
-            tenants_on=named,
-            explain=lambda: self._queue_full(unique),
-            if_tenants_on=None
-            if tenants_on is not False
-            else lambda: self.publish(messages, tenants_on=True),
-        )
+        return unique, where
 
     def _queue_full(self, messages: Sequence[sql.NewMessage]) -> Plan[QueueError]:
         """The read that names the bound a refused publish would have gone over."""

@@ -543,7 +543,7 @@ def outbox_message(shard: str, row: OutboxRow) -> NewMessage:
     if row.message.dedup_id is not None:
         return row.message
     made = scoped_dedup_id(row.message.group_id, f"outbox:{shard}:{row.id}")
-    return dataclasses.replace(row.message, dedup_id=made)
+    return row.message._replace(dedup_id=made)
 
 
 def finished_on(

@@ -56,7 +56,8 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from operator import attrgetter
+from typing import Any, NamedTuple
 
 from ..types import MAX_PRIORITY, TenantInfo
 
@@ -616,8 +617,11 @@ def _split(ddl: str) -> list[str]:
 # -------------------------------------------------------------------------------- publish
 
 
-@dataclass(frozen=True, slots=True)
-class NewMessage:
+class NewMessage(NamedTuple):
+    """A message to insert, checked and encoded. (A named tuple: a frozen dataclass's
+    `__init__` sets each field through `object.__setattr__`, which `publish_many` pays per
+    field of every message.)"""
+
     group_id: str
     event: str
     priority: int
@@ -638,19 +642,8 @@ class NewMessage:
 
     def row(self) -> list[Any]:
         """As a JSON item of the statements that insert messages (fields 0 to ROW_FIELDS -
-        1, see `_item`)."""
-        return [
-            self.group_id,
-            self.event,
-            self.priority,
-            self.dedup_id,
-            self.due,
-            self.expires,
-            self.tenant,
-            self.debounce,
-            self.due_by,
-            self.headers,
-        ]
+        1, see `_item`): its fields, in order."""
+        return list(self)
 
 
 ROW_FIELDS = 10
@@ -664,6 +657,7 @@ def publish(
     dedup_until: float,
     prune_before: float | None,
     bounds: str = "check",
+    bind_rows: bool = False,
 ) -> Batch:
     """Append messages in order, in a fixed number of statements. A group's priority is set by
     the publish that creates (or refills) its row and kept while it has messages. A message
@@ -673,13 +667,18 @@ def publish(
     before it. `bounds`: "check" the tenants' bounds on queued messages (`_within_bounds`);
     "tripwire" (a client that has not learnt that tenants are on: bounds need them on) fail
     with TENANTS_ON_PUBLISH_ERROR if they are; "skip" them (follow-ups forwarded from an
-    outbox: never bounded)."""
-    items = _json([m.row() for m in messages])
+    outbox: never bounded). `bind_rows`: the backend binds parameters for less than SQL
+    parses them out of JSON (`_publish_bound`)."""
+    if bind_rows and 0 < len(messages) <= BOUND_ROWS:
+        bound = _publish_bound(n, messages, now, prune_before, bounds)
+        if bound is not None:
+            return bound
     named = debounced = deduplicated = False
     for m in messages:  # (one pass)
         named = named or m.tenant is not None
         debounced = debounced or m.debounce is not None
         deduplicated = deduplicated or m.dedup_id is not None
+    items = _json([m.row() for m in messages])
     b = _Builder()
     if named:
         _turn_tenants_on(b, n)
@@ -710,6 +709,86 @@ def publish(
             {"ids": ids},
             slot="dedup",
         )
+    return b.build()
+
+
+BOUND_ROWS = 4000
+"""Most messages `_publish_bound` inserts at once: at 6 parameters a row, under SQLite's
+default limit of 32,766 parameters per statement."""
+
+
+def _publish_bound(
+    n: Names,
+    messages: Sequence[NewMessage],
+    now: float,
+    prune_before: float | None,
+    bounds: str,
+) -> Batch | None:
+    """`publish` for the embedded backend, of messages without a tenant, dedup id or debounce
+    key (the common case; None for others): the rows as bound parameters of one multi-row
+    INSERT, and the groups' rows from the first message of each group, picked here. The same
+    statements as JSON cost SQLite about twice as much: it parses a JSON item once per field
+    it reads. (Not for rqlite: it turns every parameter into a value of its own in the
+    request, the Raft log and each node's binding, so that one JSON text is cheaper there:
+    bench/bound_rows.py.)"""
+    # Only the columns some message sets (the others' defaults are theirs): each bound value
+    # costs about as much as the row's share of the index.
+    params: list[Any] = []
+    first: dict[str, tuple[int, float]] = {}  # group id: its first message's priority, due
+    wide = False
+    for group_id, event, priority, dedup_id, due, expires, tenant, debounce, _, head in messages:
+        if dedup_id is not None or tenant is not None or debounce is not None:
+            return None
+        params += (group_id, event, now)
+        if due or expires is not None or head is not None:
+            wide = True
+        if group_id not in first:
+            first[group_id] = (priority, due)
+    extra: list[str] = []
+    if wide:
+        extra = [
+            column
+            for column, given in (
+                ("due", any(m.due for m in messages)),
+                ("expires", any(m.expires is not None for m in messages)),
+                ("headers", any(m.headers is not None for m in messages)),
+            )
+            if given
+        ]
+        fields = attrgetter("group_id", "event", *extra)
+        params = []
+        for m in messages:
+            params += (*fields(m), now)
+    b = _Builder()
+    if prune_before is not None:
+        b.add(f"DELETE FROM {n.dedup} WHERE expires_at < :t", {"t": prune_before})
+    if bounds == "tripwire":  # (the tripwire of `publish`, once rather than once per row)
+        b.add(
+            f"INSERT INTO {n.messages} (group_id, event, published_at) SELECT '', '', NULL "
+            f"WHERE EXISTS (SELECT 1 FROM {n.claims} WHERE token = '*')"
+        )
+    row = f"({', '.join(['?'] * (len(extra) + 3))})"
+    b.add(
+        f"INSERT INTO {n.messages} (group_id, event, {''.join(c + ', ' for c in extra)}"
+        f"published_at) VALUES {', '.join([row] * len(messages))}",
+        params,
+        slot="inserted",
+    )
+    groups = _json(list(first))
+    _forget_expired(b, n, "SELECT j.value FROM json_each(:groups) j", {"groups": groups}, now)
+    # (Numbered: `?` and `:now` cannot be bound together.)
+    rows: list[str] = []
+    group_params: list[Any] = []
+    for k, (group_id, (priority, due)) in enumerate(first.items()):
+        rows.append(f"(?{4 * k + 1}, ?{4 * k + 2}, ?{4 * k + 3}, ?{4 * k + 4}, NULL)")
+        group_params += (k, group_id, priority, due)
+    group_params.append(now)
+    b.add(
+        _UPSERT_GROUP.format(n=n, rows="VALUES " + ", ".join(rows), now=f"?{len(group_params)}"),
+        group_params,
+    )
+    if bounds == "check":
+        _within_bounds(b, n, messages)
     return b.build()
 
 
@@ -905,7 +984,8 @@ def _insert_messages(
     b.add(
         _UPSERT_GROUP.format(
             n=n,
-            rows=f"min(j.key), {_item(0)}, {_item(2)}, {_item(4)}, {_item(6)} FROM "
+            now=":now",
+            rows=f"SELECT min(j.key), {_item(0)}, {_item(2)}, {_item(4)}, {_item(6)} FROM "
             f"json_each(:items) j WHERE {where} GROUP BY 2",
         ),
         {"items": items, "now": now},
@@ -934,15 +1014,16 @@ def _forget_expired(b: _Builder, n: Names, groups: str, params: dict[str, Any], 
 
 # A group's row, created (turn 0: never claimed) or brought back from empty (its turn and place
 # kept), at the priority and in the tenant of the publish that does it; a row with messages
-# keeps both. `{rows}` selects (order, group id, priority, due of the message that becomes its
-# head, tenant or NULL): a head due later makes the group wait until then (parked = 2), as a
-# park does. No tenant given: the part of the group id before the queue's tenant separator, if
-# one is set and the part is not empty; else the default tenant ''.
+# keeps both. `{rows}` (a SELECT or a VALUES) gives (order, group id, priority, due of the
+# message that becomes its head, tenant or NULL): a head due later makes the group wait until
+# then (parked = 2), as a park does. No tenant given: the part of the group id before the
+# queue's tenant separator, if one is set and the part is not empty; else the default tenant
+# ''. `{now}`: the time's parameter.
 _UPSERT_GROUP = (
-    "WITH x(k, g, p, d, t) AS (SELECT {rows}), y AS (SELECT *, instr(g, (SELECT char(value) "
+    "WITH x(k, g, p, d, t) AS ({rows}), y AS (SELECT *, instr(g, (SELECT char(value) "
     "FROM {n.meta} WHERE \"key\" = 'tenant_sep')) i FROM x) "
     "INSERT INTO {n.groups} (group_id, priority, ready, until, parked, tenant) "
-    "SELECT g, p, d <= :now, iif(d > :now, d, 0), 2 * (d > :now), "
+    "SELECT g, p, d <= {now}, iif(d > {now}, d, 0), 2 * (d > {now}), "
     "coalesce(t, iif(i > 1, substr(g, 1, i - 1), '')) FROM y WHERE true ORDER BY k "
     "ON CONFLICT (group_id) DO UPDATE SET ready = excluded.ready, until = excluded.until, "
     "parked = excluded.parked, priority = excluded.priority, tenant = excluded.tenant "
@@ -956,6 +1037,10 @@ def read_published(reply: Reply, messages: Sequence[NewMessage]) -> list[int]:
     inserted = reply["inserted"]
     count = inserted.rows_affected
     next_seq = (_require_int(inserted.last_insert_id) - count + 1) if count else 0
+    if "dedup" not in reply and "debounced" not in reply:  # (each message is a new row)
+        if count != len(messages):
+            raise ValueError(f"{len(messages)} messages published, {count} rows inserted")
+        return list(range(next_seq, next_seq + count))
     first_new = next_seq
     known = {str(r[0]): int(r[1]) for r in reply["dedup"].rows} if "dedup" in reply else {}
     debounced = (
@@ -1851,7 +1936,8 @@ def requeue_dead(n: Names, seqs: Sequence[int] | None, *, now: float) -> Batch:
     b.add(
         _UPSERT_GROUP.format(
             n=n,
-            rows=f"min(seq), group_id, max(priority), 0, NULL FROM {n.dead} {where} "
+            now=":now",
+            rows=f"SELECT min(seq), group_id, max(priority), 0, NULL FROM {n.dead} {where} "
             f"GROUP BY group_id",
         ),
         {**params, "now": now},
@@ -1982,7 +2068,9 @@ def fire(n: Names, fires: Sequence[Fire], *, now: float) -> Batch:
     )
     b.add(
         _UPSERT_GROUP.format(
-            n=n, rows=f"f.key, s.group_id, s.priority, 0, NULL FROM json_each(:fires) f {due}"
+            n=n,
+            now=":now",
+            rows=f"SELECT f.key, s.group_id, s.priority, 0, NULL FROM json_each(:fires) f {due}",
         ),
         {"fires": items, "now": now},
     )

@@ -27,7 +27,7 @@ from .._protocol.core import (
     lease_lost,
 )
 from .._protocol.http import parse_endpoints, redact
-from .._protocol.params import Message, RoundSpec, ScheduleSpec, tenant_settings
+from .._protocol.params import GivenMessage, Message, RoundSpec, ScheduleSpec, tenant_settings
 from .._protocol.sharding import ShardList, ShardSpec, check_shard_name, parse_shard_list
 from ..codec import Codec
 from ..errors import InvalidArgument, OutcomeUnknown, Unavailable
@@ -204,7 +204,7 @@ class Transport:
         )
         return (self._publish([message], connection))[0]
 
-    def _publish(self, given: Sequence[Message], connection: object = None) -> list[int]:
+    def _publish(self, given: Sequence[GivenMessage], connection: object = None) -> list[int]:
         span = None if self._core.trace_headers is None else _tracing.publishing(self.queue, given)
         if span is None:
             return self._send(given, connection)
@@ -213,13 +213,16 @@ class Transport:
             _tracing.published(current, seqs)
             return seqs
 
-    def _send(self, given: Sequence[Message], connection: object = None) -> list[int]:
+    def _send(self, given: Sequence[GivenMessage], connection: object = None) -> list[int]:
         messages = self._core.messages(given, scoped=self.router.scoped_dedup)
         if connection is None:
             return self.router.publish(messages, self._by())
         if not isinstance(self.router, ClusterRouter):
             raise InvalidArgument("connection= is for the embedded SQLite queue, not shards")
-        return self.router.backend.run_in(connection, self._core.publish(messages))
+        backend = self.router.backend
+        return backend.run_in(
+            connection, self._core.publish(messages, bind_rows=backend.binds_rows)
+        )
 
     def claim(self, worker_id: str, visibility: float, min_priority: int = 0) -> Lease | None:
         """Lease the head of the claimable group claimed least recently, for `visibility`
@@ -784,7 +787,7 @@ def _rqlite_backend(
 
 def _sqlite_backend(path: str, core: QueueCore, *, busy_timeout: float = 30.0) -> Backend:
     check_seconds(busy_timeout, "busy_timeout", allow_zero=False)
-    return Backend(SqliteExecutor(path, busy_timeout=busy_timeout), core)
+    return Backend(SqliteExecutor(path, busy_timeout=busy_timeout), core, binds_rows=True)
 
 
 def _opened_backends(

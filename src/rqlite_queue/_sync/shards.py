@@ -225,7 +225,11 @@ class ShardRouter:
         def part(name: str, backend: Backend) -> list[int] | QueueFull:
             held = sorted({messages[i].group_id for i in parts[name]} & waiting)
             tenants_on = backend.fair if bounded else None
-            mine = self.core.publish([messages[i] for i in parts[name]], tenants_on=tenants_on)
+            mine = self.core.publish(
+                [messages[i] for i in parts[name]],
+                tenants_on=tenants_on,
+                bind_rows=backend.binds_rows,
+            )
             try:
                 plan = self.core.guarded(mine, self.shard_list.epoch, held)
                 return backend.run(plan, deadline)

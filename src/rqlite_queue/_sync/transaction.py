@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .._protocol.core import QueueCore
-from .._protocol.params import Message
+from .._protocol.params import GivenMessage, Message
 from .._protocol.sql import NewMessage, Params, Statement
 from ..errors import InvalidArgument
 from ..types import PublishItem
@@ -90,7 +90,7 @@ class Transaction:
         """As `queue.publish_many`, when the transaction commits (checked now)."""
         return self._add(Message.parse_many(items))
 
-    def _add(self, given: Sequence[Message]) -> Published:
+    def _add(self, given: Sequence[GivenMessage]) -> Published:
         self._open()
         checked = self._core.messages(given, scoped=self._router.scoped_dedup)
         published = Published()
