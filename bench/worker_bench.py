@@ -54,7 +54,7 @@ from systems import (
     reset_ours,
     setup_floor,
 )
-from workloads import QUEUE, Config, Env, log, settle
+from workloads import QUEUE, Config, Env, log, settle, write_profile
 
 from rqlite_queue import AsyncWorker, Lease, Worker
 
@@ -578,10 +578,6 @@ def profile_async_worker(env: Env, out_path: str) -> None:
         await transport.close()
 
     asyncio.run(go())
-    with open(out_path, "w") as f:
-        f.write(profiler.output_text(unicode=False, color=False, show_all=False))
-        f.write("\n\nSelf time per function (flat):\n\n")
-        flat = profiler.output_text(unicode=False, color=False, flat=True)
-        f.write("\n".join(flat.splitlines()[:40]) + "\n")
+    write_profile(profiler, out_path)
     reset_ours(env.admin, QUEUE)
     log(f"profile written to {out_path}")

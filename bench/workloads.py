@@ -9,6 +9,7 @@ import asyncio
 import dataclasses
 import gc
 import json
+import os
 import sqlite3
 import statistics
 import sys
@@ -16,6 +17,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import seed_transport as seed
@@ -175,6 +177,16 @@ class Env:
 
     def server_cpu(self) -> float:
         return cpu_seconds(self.server_pids)
+
+
+def write_profile(profiler: Any, out_path: str) -> None:
+    """A pyinstrument profile as text, then its 40 costliest functions by self time; file
+    names relative to the checkout (the machine's own paths stay out of the results)."""
+    text = profiler.output_text(unicode=False, color=False, show_all=False)
+    flat = profiler.output_text(unicode=False, color=False, flat=True)
+    text += "\n\nSelf time per function (flat):\n\n" + "\n".join(flat.splitlines()[:40]) + "\n"
+    root = str(Path(__file__).resolve().parent.parent) + os.sep
+    Path(out_path).write_text(text.replace(root, ""))
 
 
 def make_core() -> QueueCore:
@@ -831,10 +843,6 @@ def profile(env: Env, cfg: Config, out_path: str) -> None:
         done += worker.step()
     profiler.stop()
     q.close()
-    with open(out_path, "w") as f:
-        f.write(profiler.output_text(unicode=False, color=False, show_all=False))
-        f.write("\n\nSelf time per function (flat):\n\n")
-        flat = profiler.output_text(unicode=False, color=False, flat=True)
-        f.write("\n".join(flat.splitlines()[:40]) + "\n")
+    write_profile(profiler, out_path)
     drop_all(env.admin, QUEUE)
     log(f"profile written to {out_path}")
