@@ -58,8 +58,9 @@ EXPIRED = "expired"
 
 
 class Message(NamedTuple):
-    """One message to publish, as given. (A named tuple: `publish_many` makes one per item,
-    and a tuple is made for half of what a dataclass's `__init__` costs.)"""
+    """One message to publish, as given. (A named tuple: made for half of what a dataclass's
+    `__init__` costs. A `(group_id, event)` item of `publish_many` is not made into one at all:
+    `GivenMessage`.)"""
 
     group_id: Any
     event: Any
