@@ -19,7 +19,7 @@ def drive(
     clock = [0.0]
     steps = transfer(
         Transfer("POST", "/db/load", b"SQLite format 3\x00"),
-        nodes=Nodes(nodes),
+        nodes=Nodes(nodes, lambda: 0.0),
         deadline=deadline,
         monotonic=lambda: clock[0],
         jitter=lambda: 0.0,

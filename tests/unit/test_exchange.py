@@ -33,6 +33,10 @@ UNAUTHORIZED = HttpReply(401, b"")
 REQUEST = HttpRequest("/db/request?transaction", b"[]", 1)
 
 
+def jitter() -> float:
+    return 0.5
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 100.0
@@ -55,7 +59,7 @@ def drive(
     """Run one exchange; each Send takes `request_time(send)` (never more than its timeout),
     each Sleep its seconds. Returns the results or the exception, the actions, the clock."""
     clock = clock or Clock()
-    cursor = nodes if isinstance(nodes, Nodes) else Nodes(nodes)
+    cursor = nodes if isinstance(nodes, Nodes) else Nodes(nodes, jitter)
     steps = exchange(
         REQUEST,
         write=write,
@@ -63,7 +67,7 @@ def drive(
         deadline=clock.now + deadline,
         timeout=timeout,
         monotonic=clock,
-        jitter=lambda: 0.5,
+        jitter=jitter,
         patience=patience,
     )
     actions: list[Send | Sleep] = []
@@ -203,7 +207,7 @@ def test_a_read_waits_twice_as_long_on_each_node_that_did_not_answer() -> None:
 
 def test_a_suspected_node_is_skipped_until_it_answers_or_its_suspicion_lapses() -> None:
     clock = Clock()
-    nodes = Nodes(3)
+    nodes = Nodes(3, jitter)
     nodes.failed(0, clock.now)  # frozen: the first call gave it up
     assert nodes.current == 1
     nodes.failed(0, clock.now)  # another call in flight on it gives it up too...
@@ -220,7 +224,7 @@ def test_a_suspected_node_is_skipped_until_it_answers_or_its_suspicion_lapses() 
 
 
 def test_a_call_after_a_failover_starts_on_the_node_that_answered() -> None:
-    nodes = Nodes(3)
+    nodes = Nodes(3, jitter)
     result, _, clock, _ = drive(iter([NoReply("frozen")]), nodes=nodes, patience=0.5)
     assert isinstance(result, OutcomeUnknown)
     result, actions, _, _ = drive(iter([OK]), nodes=nodes, clock=clock)
@@ -245,7 +249,9 @@ def test_patience(
 ) -> None:
     from rqlite_queue._protocol.http import ClientState, Endpoints
 
-    state = ClientState(Endpoints(("http://h:1",)), timeout=10.0)
+    state = ClientState(
+        Endpoints(("http://h:1",)), timeout=10.0, clock=Clock(), monotonic=Clock(), random=jitter
+    )
     state.slow = slow
     request = HttpRequest("/db/request?transaction", b"x" * bytes_, 1)
     assert state.patience(request, lease_for, resend) == pytest.approx(expected)
@@ -256,7 +262,9 @@ def test_a_write_that_cannot_be_resent_is_given_the_whole_timeout() -> None:
     (a publish without dedup ids) would only turn a slow success into `OutcomeUnknown`."""
     from rqlite_queue._protocol.http import ClientState, Endpoints
 
-    state = ClientState(Endpoints(("http://h:1",)), timeout=10.0)
+    state = ClientState(
+        Endpoints(("http://h:1",)), timeout=10.0, clock=Clock(), monotonic=Clock(), random=jitter
+    )
     request = HttpRequest("/db/request?transaction", b"x", 1)
     assert state.patience(request, None, 0, final=True) == 10.0
     assert state.patience(request, 2.0, 0, final=True) == 10.0

@@ -150,7 +150,7 @@ def test_probes_combine() -> None:
 
 
 def test_a_down_shard_is_retried_with_a_growing_wait() -> None:
-    health = Health()
+    health = Health(random=lambda: 0.5)  # PROBE has no jitter: it is never drawn
     health.failed("b", now=100.0)
     assert health.is_down("b") and health.down() == ["b"] and health.since("b") == 100.0
     assert health.due(100.1) == [] and health.due(100.5) == ["b"]

@@ -10,6 +10,7 @@ checked round to `AsyncClusterRouter.round`, whose backend builds the plan (`cor
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
@@ -163,7 +164,7 @@ class AsyncBackend:
     async def _replay(self, plan: Plan[T], read: Callable[[Reply], T], deadline: float) -> T:
         """Send a retry-safe batch again after an unknown outcome, until `deadline`."""
         batch = self.core.fenced(plan.replay_batch or plan.batch)
-        retry = Retry(FAILOVER, deadline)
+        retry = Retry(FAILOVER, deadline, random.random)
         while True:
             wait = retry.wait(time.monotonic())
             if wait is None:

@@ -8,15 +8,34 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Callable
 from typing import Any
 
 from .._protocol.backup import Transfer, transfer
-from .._protocol.http import ClientState, Outcome, Send
+from .._protocol.http import ClientState, Endpoints, Outcome, Send
 from .._protocol.sql import Batch, Result
 
 
 class AsyncRqliteClient(ClientState):
-    """Sends each batch to one node of the cluster, moving on when a node fails."""
+    """Sends each batch to one node of the cluster, moving on when a node fails. The clocks
+    and the jitter of the protocol (which has none of its own) are this module's."""
+
+    def __init__(
+        self,
+        endpoints: Endpoints,
+        *,
+        timeout: float,
+        skew_warning: float = 1.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        super().__init__(
+            endpoints,
+            timeout=timeout,
+            skew_warning=skew_warning,
+            clock=clock,
+            monotonic=time.monotonic,
+            random=random.random,
+        )
 
     async def execute(
         self,
@@ -56,8 +75,8 @@ class AsyncRqliteClient(ClientState):
             request,
             nodes=self.nodes,
             deadline=deadline,
-            monotonic=time.monotonic,
-            jitter=random.random,
+            monotonic=self.monotonic,
+            jitter=self.random,
         )
         action = next(steps)
         while True:

@@ -429,7 +429,9 @@ class AsyncWorker:
                 self._pending.put_back(pending)
                 self.stats.claim_errors += 1
                 self._round_failures += 1
-                self._not_before = time.monotonic() + ROUND_ERRORS.delay(self._round_failures)
+                self._not_before = time.monotonic() + ROUND_ERRORS.delay(
+                    self._round_failures, self._rng.random
+                )
                 log.warning("worker %s: round trip failed: %s", self.worker_id, exc)
                 continue
             finally:
@@ -626,7 +628,7 @@ class AsyncWorker:
                         later.append((key, exc, result))  # in the next round
                         continue
             lease = self._running.pop(key)
-            verdict = self.policy.verdict(lease, exc, self._rng)
+            verdict = self.policy.verdict(lease, exc, self._rng.random)
             if verdict.kind == "ack":
                 self._pending.ack.append(lease)
                 if follow_ups:
@@ -714,7 +716,9 @@ class AsyncWorker:
             pending, retry = _split_pending(pending, again)
             self._retry.put_back(retry)
             self._retry_failures += 1
-            self._retry_at = time.monotonic() + ROUND_ERRORS.delay(self._retry_failures)
+            self._retry_at = time.monotonic() + ROUND_ERRORS.delay(
+                self._retry_failures, self._rng.random
+            )
             if time.monotonic() - self._waiting_since > WAIT_LOG_EVERY:
                 self._waiting_since = time.monotonic()
                 log.warning(

@@ -13,9 +13,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import random
 import re
-import time
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
@@ -188,9 +186,11 @@ class Nodes:
     failure moves it on. A node that did not answer (no connection, no reply) is suspected:
     the next choices skip it until it answers, or its suspicion lapses (`retry.PROBE`, longer
     each time it fails again); one failure moves the choice on once, however many calls in
-    flight meet it. Shared by every call of a client; no request is made to keep it."""
+    flight meet it. Shared by every call of a client; no request is made to keep it.
+    `random` draws the jitter of the suspicions (`random.random`: this module has no dice)."""
 
     count: int
+    random: Callable[[], float]
     current: int = 0
     suspects: dict[int, tuple[float, int]] = field(default_factory=dict)
     """node -> (suspected until, failures in a row)."""
@@ -198,7 +198,7 @@ class Nodes:
     def failed(self, node: int, now: float) -> None:
         """`node` did not answer: suspect it, and move on if it was the current one."""
         _, failures = self.suspects.get(node, (0.0, 0))
-        self.suspects[node] = (now + PROBE.delay(failures + 1), failures + 1)
+        self.suspects[node] = (now + PROBE.delay(failures + 1, self.random), failures + 1)
         self.moved_on(node, now)
 
     def moved_on(self, node: int, now: float) -> None:
@@ -287,7 +287,8 @@ def request_headers(endpoints: Endpoints) -> dict[str, str]:
 
 class ClientState:
     """What the sync and async clients share: the nodes, which one is current, the clock-skew
-    estimate per node, the request count; and the `exchange` for a batch."""
+    estimate per node, the request count; and the `exchange` for a batch. The clocks and the
+    jitter are given by the I/O layer (`time.time`, `time.monotonic`, `random.random`)."""
 
     def __init__(
         self,
@@ -295,13 +296,19 @@ class ClientState:
         *,
         timeout: float,
         skew_warning: float = 1.0,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float],
+        monotonic: Callable[[], float],
+        random: Callable[[], float],
     ) -> None:
         self.endpoints = endpoints
         self.clock = clock
         """The clock whose skew from the nodes' is measured (the one leases are computed with)."""
+        self.monotonic = monotonic
+        """The clock of deadlines and waits (`time.monotonic`)."""
+        self.random = random
+        """The jitter of the waits (`random.random`)."""
         self.timeout = timeout
-        self.nodes = Nodes(len(endpoints.urls))
+        self.nodes = Nodes(len(endpoints.urls), random)
         self.slow = 0.0
         """The slowest recent reply (seconds), fading by SLOW_DECAY a reply."""
         self.skew = [SkewEstimate() for _ in endpoints.urls]
@@ -353,8 +360,8 @@ class ClientState:
             nodes=self.nodes,
             deadline=deadline,
             timeout=self.timeout,
-            monotonic=time.monotonic,
-            jitter=random.random,
+            monotonic=self.monotonic,
+            jitter=self.random,
             on_reply=self._on_reply,
             patience=self.patience(request, lease_for, resend, final and batch.write),
         )

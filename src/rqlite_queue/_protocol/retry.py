@@ -4,11 +4,11 @@ jitter), with the numbers of each use: the next node or a resend within one call
 failed (`ROUND_ERRORS`), and, given by the user, a failed handler's message (`Worker(backoff=)`).
 
 `Retry` is one call's retries: it carries the call's deadline, so no wait is started that
-would leave too little time for the attempt after it. Pure: the caller gives the time."""
+would leave too little time for the attempt after it. Pure: the caller gives the time and
+the randomness of the jitter (a `random.random`)."""
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -35,9 +35,10 @@ class Backoff:
         """The wait after `attempts` failures before jitter (its longest)."""
         return float(min(self.cap, self.base * 2.0 ** max(0, attempts - 1)))
 
-    def delay(self, attempts: int, rng: random.Random | None = None) -> float:
-        """The wait after `attempts` failures (1 for the first)."""
-        return self.ceiling(attempts) * (1 - self.jitter * (rng or random).random())
+    def delay(self, attempts: int, random: Callable[[], float]) -> float:
+        """The wait after `attempts` failures (1 for the first); `random` draws the jitter
+        (a float in [0, 1))."""
+        return self.ceiling(attempts) * (1 - self.jitter * random())
 
 
 FAILOVER = Backoff(base=0.05, cap=1.0, jitter=0.5)
@@ -55,7 +56,7 @@ class Retry:
 
     backoff: Backoff
     deadline: float
-    random: Callable[[], float] = random.random
+    random: Callable[[], float]
     failures: int = 0
 
     def wait(self, now: float) -> float | None:

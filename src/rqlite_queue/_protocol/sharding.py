@@ -423,9 +423,10 @@ def dead_letters_of(
 class Health:
     """Which shards are down: a shard whose call failed as unavailable is skipped by claims and
     refused at once for publishes until a background probe finds it answering again (probes
-    back off as `retry.PROBE`). Pure: the caller gives the time."""
+    back off as `retry.PROBE`). Pure: the caller gives the time, and `random` (the jitter)."""
 
-    def __init__(self) -> None:
+    def __init__(self, random: Callable[[], float]) -> None:
+        self._random = random
         self._down: dict[str, tuple[float, float, int]] = {}  # name -> (since, retry_at, failures)
 
     def is_down(self, name: str) -> bool:
@@ -441,7 +442,7 @@ class Health:
     def failed(self, name: str, now: float) -> None:
         """A call (or a probe) found the shard unavailable: retry after a growing wait."""
         since, _, failures = self._down.get(name, (now, now, 0))
-        self._down[name] = (since, now + PROBE.delay(failures + 1), failures + 1)
+        self._down[name] = (since, now + PROBE.delay(failures + 1, self._random), failures + 1)
 
     def recovered(self, name: str) -> None:
         self._down.pop(name, None)
@@ -458,12 +459,13 @@ class ShardHealth:
     """Which shards answer, as one client sees them: a shard whose call failed as unavailable
     is `refused` (its groups' calls fail at once with `ShardDown`, claims skip it); one whose
     claim round did not answer in time is `skipped` by claims (publishes still try it). Both
-    are probed in the background (`due`) until they answer. Pure: the caller gives the time."""
+    are probed in the background (`due`) until they answer. Pure: the caller gives the time,
+    and `random` (the jitter of the probes)."""
 
-    def __init__(self, names: Sequence[str]) -> None:
+    def __init__(self, names: Sequence[str], random: Callable[[], float]) -> None:
         self.names = list(names)
-        self.refused = Health()
-        self.skipped = Health()
+        self.refused = Health(random)
+        self.skipped = Health(random)
 
     def live(self) -> list[str]:
         return [name for name in self.names if not self.refused.is_down(name)]

@@ -4,7 +4,7 @@ delays, when to heartbeat, which priority floor to claim with. Shared by `Worker
 
 from __future__ import annotations
 
-import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..errors import InvalidArgument
@@ -41,14 +41,16 @@ class FailurePolicy:
     backoff: Backoff = field(default_factory=Backoff)
     non_retryable: tuple[type[BaseException], ...] = ()
 
-    def verdict(self, lease: Lease, exc: BaseException | None, rng: random.Random) -> Verdict:
+    def verdict(
+        self, lease: Lease, exc: BaseException | None, random: Callable[[], float]
+    ) -> Verdict:
         if exc is None:
             return ACK
         if isinstance(exc, Park):
             return Verdict("nack", max(0.0, float(exc.delay)), failure_reason(exc))
         if isinstance(exc, self.non_retryable) or lease.attempts >= self.max_attempts:
             return Verdict("dead", reason=failure_reason(exc))
-        return Verdict("nack", self.backoff.delay(lease.attempts, rng), failure_reason(exc))
+        return Verdict("nack", self.backoff.delay(lease.attempts, random), failure_reason(exc))
 
 
 @dataclass

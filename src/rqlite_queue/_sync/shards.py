@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
@@ -74,7 +75,7 @@ class ShardRouter:
         self.core = core
         self.claim_deadline = claim_deadline
         self.names = list(backends)
-        self.health = ShardHealth(self.names)
+        self.health = ShardHealth(self.names, random.random)
         self._fan = FanOut(len(self.backends))
         self._turn = 0
         self.outbox = Outbox(self)
