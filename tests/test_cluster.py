@@ -239,8 +239,13 @@ def test_failed_start_stops_what_it_started(rqlited_path: str, tmp_path: Path) -
         base_dir=tmp_path,
         extra_args=("-raft-leader-lease-timeout", "300ms"),
     )
-    with pytest.raises(NodeStartError, match="LeaderLeaseTimeout"):
+    with pytest.raises(NodeStartError) as raised:
         cluster.start(timeout=10)
+    # The first line says why, in rqlited's words (a fixture's error, `cluster up`, the demo).
+    first = str(raised.value).splitlines()[0]
+    assert first.startswith("rqlited n1 exited with code 1")
+    assert ": failed to open store: creating the raft system failed: " in first
+    assert "LeaderLeaseTimeout (300ms) cannot be larger than heartbeat timeout" in first
     assert live_pids() == before
     assert all(not n.is_running for n in cluster.nodes)
     assert list(tmp_path.iterdir()) == []
@@ -268,6 +273,9 @@ def test_explicit_port_clash_raises(rqlited_path: str, tmp_path: Path) -> None:
         squatter.listen()
         port = squatter.getsockname()[1]
         node = Node("n1", tmp_path / "n1", binary=rqlited_path, http_port=port)
-        with pytest.raises(PortInUse):
+        with pytest.raises(PortInUse) as raised:
             node.start()
+    assert raised.value.address == f"127.0.0.1:{port}"
+    first = str(raised.value).splitlines()[0]
+    assert f"127.0.0.1:{port}: bind: address already in use" in first
     assert not node.is_running

@@ -21,6 +21,7 @@ import atexit
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -85,7 +86,29 @@ class NodeStartError(ClusterError):
 
 
 class PortInUse(NodeStartError):
-    """rqlited exited because one of its addresses was already bound by another process."""
+    """rqlited exited because one of its addresses was already bound by another process;
+    `address` is that address (`host:port`) when its log names it."""
+
+    def __init__(self, message: str, address: str | None = None) -> None:
+        super().__init__(message)
+        self.address = address
+
+
+# rqlited's log lines start with "[component] 2026/01/02 15:04:05 ".
+_LOG_PREFIX = re.compile(r"^\[[\w .-]+\] \d{4}/\d\d/\d\d \d\d:\d\d:\d\d(?:\.\d+)? ")
+_FAILURE = re.compile(r"fail|fatal|error|panic|cannot|can't|not defined|invalid|denied", re.I)
+_TAKEN = re.compile(r"listen tcp (\S+): bind: address already in use")
+
+
+def exit_reason(log: str) -> str:
+    """The line of a failed start's log that says why: the last one that reads like a failure
+    (rqlited prints its usage after a bad flag, so the last line is not always it), without
+    its component and timestamp; only the lines after the last start's `===` header count."""
+    lines = log.split("\n=== ")[-1].splitlines()
+    lines = [_LOG_PREFIX.sub("", line).strip() for line in lines if not line.startswith("=== ")]
+    lines = [line for line in lines if line]
+    failures = [line for line in lines if _FAILURE.search(line)]
+    return (failures or lines or ["(nothing in its log)"])[-1]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -405,9 +428,7 @@ class Node:
                 rc = self.process.poll()
                 if rc is not None:
                     self.process.wait()
-                    tail = self.log_tail(30)
-                    cls = PortInUse if "address already in use" in tail else NodeStartError
-                    raise cls(f"rqlited {self.node_id} exited with code {rc} at start:\n{tail}")
+                    raise self.start_failure(f"exited with code {rc} at start")
                 try:
                     status, body = client.get(f"{self.http_url}/status", key="os")
                     if status == 200 and (body or {}).get("pid") == self.process.pid:
@@ -507,6 +528,17 @@ class Node:
                 return client.get(f"{self.http_url}/readyz", timeout=f"{timeout}s")[0] == 200
         except (HTTPError, OSError):
             return False
+
+    def start_failure(self, what: str) -> NodeStartError:
+        """The error of a start that failed: its first line says why in rqlited's words (the
+        last failure its log shows), the lines after it are the log's tail."""
+        tail = self.log_tail(30)
+        reason = exit_reason(tail)
+        message = f"rqlited {self.node_id} {what}: {reason}\n{tail}"
+        if "address already in use" in tail:
+            taken = _TAKEN.search(reason) or _TAKEN.search(tail)
+            return PortInUse(message, taken.group(1) if taken else None)
+        return NodeStartError(message)
 
     def log_tail(self, lines: int = 50) -> str:
         """Last lines of this node's log, for error messages."""
@@ -765,7 +797,7 @@ class Cluster:
             for n in self.nodes:
                 if n.crashed:
                     rc = n.process.returncode if n.process is not None else None
-                    raise NodeStartError(f"{n.node_id} exited with code {rc}:\n{n.log_tail(30)}")
+                    raise n.start_failure(f"exited with code {rc}")
             nodes = self.running()
             if nodes and all(n.is_ready() for n in nodes):
                 leader = self._leader_once()

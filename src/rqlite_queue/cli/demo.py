@@ -38,8 +38,9 @@ from types import FrameType
 from typing import Any
 
 from .. import Lease, LeaseLost, Transport
-from ..local_cluster import Cluster
+from ..local_cluster import Cluster, ClusterError
 from ..rqlited import RqlitedNotFound, find_rqlited
+from ._base import _state
 
 VISIBILITY = 2.0
 """Lease length: short, so the abandoned lease lapses quickly."""
@@ -605,6 +606,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         log(f"error: no usable rqlited for the demo's cluster: {exc}")
         log("Or run the demo on the embedded queue: --backend sqlite")
         return 2
+    except ClusterError as exc:  # a node that could not start: its own reason first
+        first, _, details = str(exc).partition("\n")
+        log(f"error: the demo's cluster did not start: {first}")
+        log("its log's last lines:" if _state.verbose else "(its log: 'rqlite-queue -v demo')")
+        if _state.verbose:
+            for line in details.splitlines():
+                log(f"  {line}")
+        return 1
 
 
 if __name__ == "__main__":

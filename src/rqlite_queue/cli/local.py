@@ -6,6 +6,7 @@ import signal
 import time
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import click
 
@@ -14,6 +15,9 @@ from ._base import (
     URL_ENV,
     cli,
 )
+
+if TYPE_CHECKING:
+    from ..local_cluster import PortInUse
 
 # ------------------------------------------------------------------------------ rqlited
 
@@ -76,7 +80,7 @@ def up(n: int, data_dir: Path | None, http_port: int | None) -> int:
     'rqlite-queue rqlited' first for that). The nodes listen on 127.0.0.1, on free ports
     unless --http-port, and keep their data in a temporary directory removed when the
     cluster stops, unless --data-dir; prints the --url to give the other commands."""
-    from ..local_cluster import Cluster, ClusterError
+    from ..local_cluster import Cluster, ClusterError, PortInUse
 
     try:
         rqlited = find_rqlited()
@@ -95,7 +99,9 @@ def up(n: int, data_dir: Path | None, http_port: int | None) -> int:
         try:
             try:
                 local.start()
-            except ClusterError as exc:  # a port taken, a data dir of another size...
+            except PortInUse as exc:
+                raise click.ClickException(_taken(exc, data_dir, http_port)) from exc
+            except ClusterError as exc:  # a data dir of another size, a bad flag...
                 raise click.ClickException(str(exc)) from exc
             leader = local.leader()
             ready = True
@@ -124,6 +130,19 @@ def up(n: int, data_dir: Path | None, http_port: int | None) -> int:
             signal.signal(sig, handler)
     click.echo("stopped", err=True)
     return 0
+
+
+def _taken(exc: PortInUse, data_dir: Path | None, http_port: int | None) -> str:
+    """The error's first line, then what to do about a taken port."""
+    first, _, rest = str(exc).partition("\n")
+    holder = f"what holds {exc.address}" if exc.address else "what holds the port"
+    if data_dir is not None and http_port is None:
+        fix = f"stop {holder} (the cluster in {data_dir} keeps its ports)"
+    elif http_port is not None:
+        fix = f"stop {holder}, or give another --http-port (or none, for free ports)"
+    else:
+        fix = f"stop {holder}, or run it again"
+    return f"{first}; {fix}\n{rest}"
 
 
 # ------------------------------------------------------------------------------ demo
