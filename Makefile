@@ -67,8 +67,10 @@ test-install: setup
 
 test: setup lint typecheck docs unit test-install
 
-demo: setup
-	RQLITED="$(RQLITED_PATH)" $(BIN)/rqlite-queue demo $(DEMO_ARGS)
+# A first run anywhere: the 3-node cluster when an rqlited is found or can be built (Go and gcc),
+# else the embedded queue, saying why and how to get the 3-node demo (`--backend auto`).
+demo: $(STAMP)
+	$(BIN)/rqlite-queue demo --backend auto $(DEMO_ARGS)
 
 BENCH_STAMP := $(VENV)/.bench-installed
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -121,3 +122,41 @@ def test_demo_without_rqlited_says_so_and_never_falls_back_to_sqlite(tmp_path: P
     assert "no usable rqlited" in output and "--backend sqlite" in output
     assert "rqlite-queue rqlited" in output
     assert "embedded SQLite" not in output and "result" not in output
+
+
+def test_make_demo_without_go_or_gcc_runs_on_the_embedded_queue(tmp_path: Path) -> None:
+    """A first run anywhere (issue 35, item 6): `make demo` on a machine where no rqlited can
+    be found or built runs on the embedded queue, saying why and how to get the 3-node demo.
+    The toolchain is hidden: PATH holds `make` alone (no go, gcc, rqlited), an empty cache."""
+    root = Path(__file__).resolve().parent.parent
+    make = shutil.which("make")
+    if make is None or not (root / ".venv" / "bin" / "rqlite-queue").exists():
+        pytest.skip("needs make and the checkout's .venv (`make setup`)")
+    hidden = tmp_path / "bin"
+    hidden.mkdir()
+    (hidden / "make").symlink_to(make)
+    env = {
+        "PATH": str(hidden),
+        "HOME": str(tmp_path),
+        "RQLITE_QUEUE_CACHE": str(tmp_path / "cache"),
+        "LANG": "C.UTF-8",
+    }
+    before = rqlited_pids()
+    demo_args = "DEMO_ARGS=--groups 6 --messages 3 --seed 5"
+    result = subprocess.run(
+        # -o: the venv is there; make must not try to reinstall it with the PATH hidden.
+        [make, "-s", "-C", str(root), "-o", ".venv/.installed", "demo", demo_args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+        check=False,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert "no usable rqlited, and none could be built here" in output, output
+    assert "Go is not installed" in output, output
+    assert "rqlite-queue rqlited" in output and "make demo` again" in output, output
+    assert re.search(r"backend\s+embedded SQLite", result.stdout), output
+    check_report(result.stdout, 6, 3)
+    assert not rqlited_pids() - before

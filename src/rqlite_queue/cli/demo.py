@@ -16,7 +16,9 @@ exclusivity was violated or a message was lost.
 
 Backend: a local 3-node rqlite cluster (`rqlite_queue.testing`); without a usable rqlited the demo
 says so, and how to get one, and stops: the embedded SQLite in a temp dir is the explicit
-choice `--backend sqlite`; `--url` uses an existing backend.
+choice `--backend sqlite`; `--backend auto` (what `make demo` runs, for a first run anywhere)
+builds an rqlited where Go and a C compiler are, and otherwise runs on the embedded SQLite,
+saying why and how to get the 3-node demo; `--url` uses an existing backend.
 """
 
 from __future__ import annotations
@@ -94,7 +96,20 @@ def open_backend(args: argparse.Namespace) -> Iterator[Backend]:
         queue = f"demo_{uuid.uuid4().hex[:8]}"
         yield Backend(f"{args.url} (given), queue {queue!r}", urls, queue, external=True)
         return
-    if args.backend == "rqlite":
+    backend = args.backend
+    if backend == "auto":
+        try:
+            find_rqlited(build=True, log=log)
+            backend = "rqlite"
+        except RqlitedNotFound as exc:
+            log(f"no usable rqlited, and none could be built here: {exc}")
+            log(
+                "running the demo on the embedded queue (SQLite) instead; for the 3-node "
+                "rqlite demo, get an rqlited in one of the ways above (with Go 1.24+ and gcc, "
+                "`rqlite-queue rqlited` builds it), then run `make demo` again"
+            )
+            backend = "sqlite"
+    if backend == "rqlite":
         rqlited = find_rqlited()
         if rqlited.warning:
             log(f"using {rqlited.path}: {rqlited.warning}")
@@ -566,9 +581,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--backend",
-        choices=["rqlite", "sqlite"],
+        choices=["rqlite", "sqlite", "auto"],
         default="rqlite",
-        help="rqlite (default): a local 3-node cluster; sqlite: the embedded queue",
+        help="rqlite (default): a local 3-node cluster; sqlite: the embedded queue; auto: "
+        "rqlite if an rqlited is found or can be built, else sqlite (saying why)",
     )
     p.add_argument("--url", help="use an existing backend (sqlite:///path or http://h:p,...)")
     p.add_argument("--groups", type=int, default=40, help="groups (default 40)")
