@@ -570,6 +570,36 @@ def test_a_rebinding_page_and_another_sites_form_are_refused(
         assert not q.stats().paused
 
 
+def test_the_way_back_of_a_confirmation_stays_on_the_site(
+    rqlite_cluster3: Cluster, queue_name: str, q: Transport, page: Any
+) -> None:
+    """Issue 37: the confirmation page's "No, go back" link, for each `next` the review found
+    leaving the site, is resolved by Chromium itself to the dashboard, not to evil.example."""
+    resolved: dict[str, str] = {}
+    with dashboard(rqlite_cluster3.url, queue_name, "--allow-actions") as base:
+        for back in ("/\\evil.example", "/\t/evil.example", "/\n/evil.example", "/dead"):
+            page.goto(base + "/")
+            with page.expect_navigation():
+                page.evaluate(
+                    """(next) => {
+                        const form = document.querySelector('form[action$="/action/pause"]');
+                        form.action = form.action.replace("pause", "purge_all");
+                        form.querySelector('[name="next"]').value = next;
+                        form.submit();
+                    }""",
+                    back,
+                )
+            page.wait_for_selector("#confirm")
+            resolved[back] = page.evaluate("document.getElementById('confirm-back').href")
+        assert not q.stats().paused
+    assert resolved == {
+        "/\\evil.example": base + "/",
+        "/\t/evil.example": base + "/",
+        "/\n/evil.example": base + "/",
+        "/dead": base + "/dead",
+    }
+
+
 def test_the_schedules_page_lists_every_schedule(
     rqlite_cluster3: Cluster, queue_name: str, q: Transport, page: Any
 ) -> None:

@@ -13,6 +13,7 @@ import re
 from collections.abc import AsyncIterator
 from html.parser import HTMLParser
 from pathlib import Path
+from urllib.parse import unquote
 
 import httpx
 import pytest
@@ -255,6 +256,80 @@ async def test_the_confirmation_page_escapes_what_it_repeats_and_stays_on_site(
         assert 'id="confirm-back" href="/"' in page.text  # never off-site
         assert '<input type="hidden" name="next" value="/">' in page.text
         assert (await transport.stats()).depth == 1
+
+
+OFF_SITE = [
+    "/\\evil.example",  # issue 37: a browser reads the backslash as a slash
+    "/\t/evil.example",  # issue 37: the WHATWG URL parser drops tabs ...
+    "/\n/evil.example",  # issue 37: ... and newlines
+    "/\r/evil.example",
+    "/\\/evil.example",
+    "/%5Cevil.example",  # a server unescaping the path on the way makes it /\\evil.example
+    "/%5cevil.example",
+    "/%2F%2Fevil.example",  # ... or //evil.example
+    "/%2f/evil.example",
+    "/.//evil.example",  # dot segments removed: //evil.example
+    "/./%2E/evil.example",
+    "/x/..//evil.example",
+    "/\x00/evil.example",
+    "/ /evil.example",
+    "/dead?x=\\",
+    "/dead?x=\n",
+    "/dead#x",
+    "//evil.example",  # refused before issue 37 too
+    "//",
+    "///evil.example",
+    "https://evil.example/",
+    "javascript:alert(1)",
+    "\\/evil.example",
+    " //evil.example",
+    "",
+]
+
+
+@pytest.mark.parametrize("back", OFF_SITE, ids=repr)
+async def test_the_way_back_never_leaves_the_site(
+    transport: AsyncSqliteTransport, back: str
+) -> None:
+    """Issue 37: a `next` a browser could read as another site's address (or an address a
+    server that unescapes paths could make into one) is replaced by `/`: in the confirmation
+    page's "No, go back" link, in its form, and in the redirect after an action."""
+    await transport.publish("order-1", 1)
+    async with client(create_app(transport, allow_actions=True)) as http:
+        token = re.search(r'name="csrf" value="([^"]+)"', (await http.get("/")).text)
+        assert token
+        form = {"csrf": token.group(1), "next": back}
+        page = await http.post("/action/purge_all", data=form)
+        assert page.status_code == 200 and 'id="confirm"' in page.text
+        assert '<a class="button" id="confirm-back" href="/">' in page.text
+        assert '<input type="hidden" name="next" value="/">' in page.text
+        done = await http.post("/action/hold", data={**form, "group_id": "order-1"})
+        assert done.status_code == 303 and done.headers["location"] == "/"
+
+
+@pytest.mark.parametrize(
+    "back",
+    [
+        "/",
+        "/dead",
+        "/groups/",
+        "/group?id=order%201%5C%2F%3F",  # the group's pages quote its id whole
+        "/dead?group=a%5Cb&limit=50&after=",
+        "/tenants?after=acme",
+        "/groups?prefix=a|b{c}[d]^",
+        "/a/b.c/~d/:e@f!$&'()*+,;=",
+    ],
+)
+async def test_a_way_back_on_the_site_is_kept(transport: AsyncSqliteTransport, back: str) -> None:
+    async with client(create_app(transport, allow_actions=True)) as http:
+        token = re.search(r'name="csrf" value="([^"]+)"', (await http.get("/")).text)
+        assert token
+        form = {"csrf": token.group(1), "next": back}
+        page = await http.post("/action/purge_all", data=form)
+        link = re.search(r'id="confirm-back" href="([^"]*)"', page.text)
+        assert link and html.unescape(link.group(1)) == back
+        done = await http.post("/action/pause", data=form)
+        assert done.status_code == 303 and unquote(done.headers["location"]) == unquote(back)
 
 
 async def test_a_dead_letters_headers_are_shown_escaped(transport: AsyncSqliteTransport) -> None:

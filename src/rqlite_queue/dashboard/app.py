@@ -34,7 +34,7 @@ from ..errors import InvalidArgument, LeaseLost, QueueError, Unavailable
 from ..timefmt import duration, utc
 from ..types import GROUP_STATES, MAX_BATCH, MAX_PRIORITY, TenantInfo
 from .history import History, chart, covered
-from .security import Access, Csrf, Hosts, Throttle, origin_of, origins
+from .security import Access, Csrf, Hosts, Throttle, origin_of, origins, same_site_path
 
 PAGE = 50
 """Rows per page of groups, tenants and dead letters."""
@@ -205,7 +205,7 @@ class _Dashboard:
                 location = quote(scope["path"], safe="/:@!$&'()*+,;=-._~")
                 if request.url.query:
                     location += "?" + request.url.query
-                if location.startswith("/") and not location.startswith("//"):
+                if same_site_path(location):
                     return RedirectResponse(location, status_code=307)
         return self._page(request, "error.html", status=404, error="no such page")
 
@@ -426,9 +426,7 @@ class _Dashboard:
         run = self._actions().get(name)
         if run is None:
             return PlainTextResponse(f"no such action: {name}", status_code=404)
-        back = str(form.get("next") or "/")
-        if not back.startswith("/") or back.startswith("//"):
-            back = "/"
+        back = same_site_path(form.get("next")) or "/"
         if name in DESTRUCTIVE and form.get("confirmed") != "yes":
             return await self._confirm(request, name, form, back)
         await run(form)

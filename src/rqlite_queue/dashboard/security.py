@@ -23,7 +23,7 @@ import secrets
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from ..errors import InvalidArgument
 
@@ -186,6 +186,37 @@ def origin_of(url: str) -> tuple[str, str, int] | None:
     if parsed is None:
         return None
     return scheme, parsed[0], port if port is not None else (443 if scheme == "https" else 80)
+
+
+_SEGMENTS = re.compile(r"(?:/(?:[A-Za-z0-9._~!$&'()*+,;=:@-]|%[0-9A-Fa-f]{2})+)*/?")
+_QUERY = re.compile(r"[!-~]*")  # printable ASCII: no blank, no control character
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def same_site_path(value: object) -> str | None:
+    """`value` when it is a path of this site to send a browser to (a form's `next`, a
+    redirect), else None. A path: `/`, or segments each `/` then URL characters (RFC 3986's,
+    `%` only to start an escape), perhaps a final `/`; unescaped, no segment may be empty, `.`
+    or `..`, nor hold a backslash or a control character. Then perhaps `?` and a query of
+    printable ASCII without backslash or `#`.
+
+    What a browser makes of the rest may be another site: the WHATWG URL parser drops every tab
+    and newline and reads a backslash as `/`, so `/\\evil.example`, `/<tab>/evil.example` and
+    `/<newline>/evil.example` are `//evil.example`, a path on evil.example; and a server that
+    unescapes a path on the way may turn `/%5Cevil.example` or `/%2F%2Fevil.example` into
+    one."""
+    if not isinstance(value, str):
+        return None
+    path, mark, query = value.partition("?")
+    if not path.startswith("/") or not _SEGMENTS.fullmatch(path):
+        return None
+    if mark and (not _QUERY.fullmatch(query) or "\\" in query or "#" in query):
+        return None
+    segments = unquote(path.removesuffix("/")).split("/")[1:]
+    for segment in segments:
+        if segment in ("", ".", "..") or "\\" in segment or _CONTROL.search(segment):
+            return None
+    return value
 
 
 def origins(entries: Iterable[str]) -> frozenset[tuple[str, str, int]]:
