@@ -7,6 +7,7 @@ is per session, failed logins are throttled, the token may come from a file, and
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import select
@@ -421,6 +422,97 @@ def test_failed_logins_are_throttled(rqlite_cluster: Cluster, queue_name: str) -
         for _ in range(4):  # a success forgets the failures
             assert http.get("/", auth=("admin", "guess")).status_code == 401
         assert http.get("/", auth=("admin", "pw")).status_code == 200
+
+
+def test_forwarded_headers_are_not_believed_by_default(
+    rqlite_cluster: Cluster, queue_name: str
+) -> None:
+    """Issue 37: 30 wrong tokens, each naming another client in X-Forwarded-For (and
+    Forwarded): all count against the peer, 127.0.0.1, which is locked out after the fifth, as
+    without the headers. (uvicorn, left to its default, believed the header from loopback: 401
+    every time.)"""
+    with (
+        serve(rqlite_cluster.url, queue_name, "--token", "s3cret") as served,
+        httpx.Client(base_url=served.base) as http,
+    ):
+        statuses = [
+            http.get(
+                "/",
+                headers={
+                    "Authorization": "Bearer guess",
+                    "X-Forwarded-For": f"203.0.113.{i}",
+                    "Forwarded": f"for=198.51.100.{i}",
+                },
+            ).status_code
+            for i in range(30)
+        ]
+        assert statuses[:6] == [401] * 5 + [429], statuses
+        # A lockout that runs out on a slow machine lets one failure through, which locks the
+        # address again, for twice as long.
+        assert all(b == 429 for a, b in itertools.pairwise(statuses[5:]) if a == 401), statuses
+        assert statuses.count(401) <= 8, statuses
+        right = {"Authorization": "Bearer s3cret", "X-Forwarded-For": "192.0.2.99"}
+        assert http.get("/", headers=right).status_code == 429
+
+
+def session_cookie(page: httpx.Response) -> str:
+    found = re.search(r"rqlite_queue_session=([^;]+)", page.headers["set-cookie"])
+    assert found
+    return found.group(1)
+
+
+def test_a_trusted_proxy_names_the_client(
+    rqlite_cluster: Cluster, queue_name: str, q: Transport
+) -> None:
+    """`--trusted-proxy`: the client a trusted proxy names in X-Forwarded-For is the one
+    throttled (the rightmost address not of a trusted proxy: what a client writes itself before
+    is not believed), X-Forwarded-Proto: https makes the request an HTTPS one (a `Secure`
+    cookie, its origin https://...); `Forwarded` is never read. Without the option,
+    X-Forwarded-Proto changes nothing either."""
+    url = rqlite_cluster.url
+    for bad in ("nonsense", "10.0.0.0/33", "*", "127.0.0.1:80"):
+        assert "--trusted-proxy" in refused(url, queue_name, "--trusted-proxy", bad), bad
+    proxies = ("--trusted-proxy", "127.0.0.1", "--trusted-proxy", "10.9.8.7/8")
+    with (
+        serve(url, queue_name, "--token", "s3cret", *proxies) as served,
+        httpx.Client(base_url=served.base) as http,
+    ):
+
+        def via(client: str, token: str, **headers: str) -> int:
+            sent = {"Authorization": f"Bearer {token}", "X-Forwarded-For": client, **headers}
+            return http.get("/", headers=sent).status_code
+
+        for _ in range(5):
+            assert via("203.0.113.7", "guess") == 401
+        assert via("203.0.113.7", "s3cret") == 429  # that client is locked out
+        assert via("203.0.113.7, 10.1.2.3", "s3cret") == 429  # through a second proxy too
+        assert via("198.51.100.1, 203.0.113.7", "s3cret") == 429  # its own first entry: no
+        assert via("203.0.113.8", "s3cret") == 200  # the others are not
+        assert http.get("/", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+        for i in range(5):
+            assert via("203.0.113.9", "guess", Forwarded=f"for=198.51.100.{i}") == 401
+        assert via("203.0.113.9", "s3cret", Forwarded="for=198.51.100.77") == 429
+
+    https = {"X-Forwarded-Proto": "https"}
+    for options, believed in (((), False), (proxies[:2], True)):
+        with (
+            serve(url, queue_name, "--allow-actions", *options) as served,
+            httpx.Client(base_url=served.base) as http,
+        ):
+            page = http.get("/", headers=https)
+            assert ("secure" in page.headers["set-cookie"].lower()) is believed, options
+            posted = http.post(
+                "/action/pause",
+                data={"csrf": csrf_token(page)},
+                headers={
+                    **https,
+                    "Origin": f"https://127.0.0.1:{served.port}",
+                    "Cookie": f"rqlite_queue_session={session_cookie(page)}",
+                },
+            )
+            assert posted.status_code == (303 if believed else 403), options
+            assert q.stats().paused is believed
+            q.resume()
 
 
 # ------------------------------------------------------------------------------ TLS

@@ -125,6 +125,26 @@ def _public_url(ctx: click.Context, param: click.Parameter, value: str | None) -
     return value
 
 
+def _trusted_proxies(
+    ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
+) -> list[str]:
+    """Each an IP address or network, as uvicorn matches it: a network written with host bits
+    (`10.0.0.5/8`) is the network they are in (uvicorn would take it for a name, and match
+    nothing)."""
+    networks = []
+    for value in values:
+        try:
+            network = ipaddress.ip_network(value.strip(), strict=False)
+        except ValueError:
+            raise click.BadParameter(
+                f"{value!r} is not an IP address or network (ADDRESS or ADDRESS/BITS)"
+            ) from None
+        networks.append(
+            str(network.network_address) if network.num_addresses == 1 else str(network)
+        )
+    return networks
+
+
 @cli.command()
 @click.option(
     "--host",
@@ -169,6 +189,15 @@ def _public_url(ctx: click.Context, param: click.Parameter, value: str | None) -
     help="Also answer to this Host name (repeatable); any other Host gets 400.",
 )
 @click.option(
+    "--trusted-proxy",
+    "trusted_proxies",
+    multiple=True,
+    callback=_trusted_proxies,
+    metavar="ADDRESS[/BITS]",
+    help="A reverse proxy in front (repeatable): its X-Forwarded-For and X-Forwarded-Proto are "
+    "believed (the client they name is throttled); nobody else's, by default no one's.",
+)
+@click.option(
     "--cert",
     type=click.Path(exists=True, dir_okay=False, readable=True),
     help="Serve HTTPS with this certificate (PEM; with --key).",
@@ -196,6 +225,7 @@ def dashboard(
     token_file: Path | None,
     public_url: str | None,
     allowed_hosts: tuple[str, ...],
+    trusted_proxies: list[str],
     cert: str | None,
     key: str | None,
     refresh: float,
@@ -241,6 +271,10 @@ def dashboard(
                     port=port,
                     log_level="warning",
                     lifespan="off",
+                    # uvicorn believes X-Forwarded-For from 127.0.0.1 unless told otherwise:
+                    # any local process could name the address the login throttle counts.
+                    proxy_headers=bool(trusted_proxies),
+                    forwarded_allow_ips=trusted_proxies or None,
                     ssl_certfile=cert,
                     ssl_keyfile=key,
                 )
