@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import html
+import http.server
 import os
 import random
 import re
@@ -20,6 +21,7 @@ import select
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -598,6 +600,94 @@ def test_the_way_back_of_a_confirmation_stays_on_the_site(
         "/\n/evil.example": base + "/",
         "/dead": base + "/dead",
     }
+
+
+HOSTILE = """<!doctype html><title>hostile</title><script>
+let n = 0;
+const popup = window.open("about:blank", "victim");
+const timer = setInterval(() => {
+  n += 1;
+  popup.location = "http://admin:guess" + n + "@127.0.0.1:PORT/?guess=" + n;
+  if (n >= 60) clearInterval(timer);
+}, 150);
+</script>"""
+
+
+@contextmanager
+def hostile_site(dashboard_port: int) -> Iterator[int]:
+    """Another site on 127.0.0.1 (another port): a page that keeps navigating a popup to the
+    dashboard with guessed credentials in the URL. Yields its port."""
+    body = HOSTILE.replace("PORT", str(dashboard_port)).encode()
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_another_site_cannot_lock_the_operator_out(
+    rqlite_cluster3: Cluster, queue_name: str, browser: Any
+) -> None:
+    """Issue 37: a page of another site, in the operator's own browser, keeps navigating a
+    popup to http://admin:guessN@127.0.0.1:PORT/. Chromium sends each guess (after a first
+    request without credentials) with `Sec-Fetch-Site: same-site` from another port of
+    127.0.0.1, `cross-site` from localhost: the dashboard locks those out (429), and the
+    operator, opening the dashboard in another tab meanwhile, gets in with the right
+    credentials, as does a script."""
+
+    def attack(evil: str, base: str) -> list[tuple[int, dict[str, str]]]:
+        """Each guess's status and the headers Chromium shows it sent, once the operator got
+        in during the attack."""
+        context = browser.new_context()
+        guesses: list[Any] = []
+        context.on("response", lambda r: guesses.append(r) if "guess=" in r.url else None)
+        try:
+            hostile = context.new_page()
+            with context.expect_event(
+                "response", lambda r: "guess=" in r.url and r.status == 429, timeout=30_000
+            ):
+                hostile.goto(evil)
+            operator = context.new_page()
+            operator.set_default_timeout(15_000)
+            with operator.expect_response(lambda r: "/fragments/overview" in r.url) as fragment:
+                opened = operator.goto(base.replace("http://", "http://admin:pw@") + "/")
+                assert opened is not None and opened.status == 200, evil
+                assert opened.request.all_headers()["sec-fetch-site"] == "none"
+            assert fragment.value.status == 200  # its page refreshes itself meanwhile
+            assert httpx.get(base + "/", auth=("admin", "pw")).status_code == 200
+            return [(r.status, r.request.all_headers()) for r in guesses]
+        finally:
+            context.close()
+
+    for evil_host, site in (("127.0.0.1", "same-site"), ("localhost", "cross-site")):
+        with (
+            dashboard(rqlite_cluster3.url, queue_name, "--basic-auth", "admin:pw") as base,
+            hostile_site(int(base.rsplit(":", 1)[1])) as evil_port,
+        ):
+            evil = f"http://{evil_host}:{evil_port}/"
+            guesses = attack(evil, base)
+            assert {h.get("sec-fetch-site") for _, h in guesses} == {site}, evil
+            assert {h.get("sec-fetch-mode") for _, h in guesses} == {"navigate"}, evil
+            # Playwright shows neither the retry with the URL's credentials after the first 401
+            # nor every navigation the next one cut short; but only a request with credentials
+            # is a failed login, and a 429 needs 5 of them: the guesses were sent and counted.
+            assert {status for status, _ in guesses} == {401, 429}, evil
 
 
 def test_the_schedules_page_lists_every_schedule(

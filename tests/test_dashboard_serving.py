@@ -515,6 +515,51 @@ def test_a_trusted_proxy_names_the_client(
             q.resume()
 
 
+def test_failed_logins_from_other_sites_are_counted_apart(
+    rqlite_cluster: Cluster, queue_name: str
+) -> None:
+    """Issue 37: wrong credentials a browser says another site's page made it send
+    (`Sec-Fetch-Site: cross-site` or `same-site`; without fetch metadata, an `Origin` or
+    `Referer` of another origin) lock out only such requests; the operator's own (typed:
+    `none`, the dashboard's pages: `same-origin`, a script: no header) still get in. A success
+    from another site forgets none of their failures."""
+    with (
+        serve(rqlite_cluster.url, queue_name, "--basic-auth", "admin:pw") as served,
+        httpx.Client(base_url=served.base) as http,
+    ):
+        foreign = [
+            {"Sec-Fetch-Site": "cross-site"},
+            {"Sec-Fetch-Site": "same-site"},
+            {"Sec-Fetch-Site": "CROSS-SITE", "Origin": served.base},  # the header decides
+            {"Origin": "http://evil.example"},
+            {"Referer": f"http://localhost:{served.port + 1}/"},
+            {"Origin": "null"},
+        ]
+        own = [
+            {},
+            {"Sec-Fetch-Site": "none"},
+            {"Sec-Fetch-Site": "same-origin", "Referer": f"{served.base}/groups"},
+            {"Origin": served.base},
+        ]
+        for headers in foreign[:5]:
+            assert http.get("/", auth=("admin", "guess"), headers=headers).status_code == 401
+        for headers in foreign:
+            locked = http.get("/", auth=("admin", "pw"), headers=headers)
+            assert locked.status_code == 429, headers
+            assert "other sites" in locked.text
+        for headers in own:
+            assert http.get("/", auth=("admin", "pw"), headers=headers).status_code == 200, headers
+        time.sleep(int(locked.headers["retry-after"]) + 0.2)
+        assert http.get("/", auth=("admin", "pw"), headers=foreign[0]).status_code == 200
+        assert http.get("/", auth=("admin", "guess"), headers=foreign[0]).status_code == 401
+        again = http.get("/", auth=("admin", "pw"), headers=foreign[0])
+        assert again.status_code == 429  # the success forgot nothing: locked again, for longer
+        assert int(again.headers["retry-after"]) > int(locked.headers["retry-after"])
+        for _ in range(5):  # the operator's own failures: the usual lockout
+            assert http.get("/", auth=("admin", "guess")).status_code == 401
+        assert http.get("/", auth=("admin", "pw")).status_code == 429
+
+
 # ------------------------------------------------------------------------------ TLS
 
 

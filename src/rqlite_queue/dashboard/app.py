@@ -171,20 +171,30 @@ class _Dashboard:
             )
         if not self.access.required:
             return None
-        client = conn.client.host if conn.client else ""
-        wait = self.throttle.wait(client)
+        # Failed logins are counted per client address and, apart, those a browser was made to
+        # send by a page of another site (`http://user:guess@host/` in a popup): such a page
+        # locks out only what other sites send, never the operator's own requests.
+        foreign = self._from_another_site(conn)
+        who = (conn.client.host if conn.client else "", foreign)
+        wait = self.throttle.wait(who)
         if wait:
             return PlainTextResponse(
-                "too many failed logins: try again later",
+                "too many failed logins from pages of other sites: try again later, or open "
+                "the dashboard's address yourself (that is counted apart)"
+                if foreign
+                else "too many failed logins: try again later",
                 status_code=429,
                 headers={"Retry-After": str(wait)},
             )
         authorization = conn.headers.get("authorization")
         if self.access.allows(authorization):
-            self.throttle.succeeded(client)
+            # Not from another site: that page could clear its own count with a navigation the
+            # browser authenticates with the credentials it saved for the operator.
+            if not foreign:
+                self.throttle.succeeded(who)
             return None
         if authorization:  # a browser's first request, without credentials, is no failure
-            self.throttle.failed(client)
+            self.throttle.failed(who)
         return PlainTextResponse(
             "authentication required",
             status_code=401,
@@ -247,7 +257,18 @@ class _Dashboard:
             )
         return response
 
-    def _same_origin(self, request: Request) -> bool:
+    def _from_another_site(self, conn: HTTPConnection) -> bool:
+        """Whether a browser says a page of another site made the request: its
+        `Sec-Fetch-Site` is neither `same-origin` nor `none` (typed, bookmarked, reloaded); a
+        browser without fetch metadata (or a script) sends none, then an `Origin` or `Referer`
+        of another origin says so. (A dashboard on another port of the same host is
+        `same-site`: another site too.)"""
+        site = conn.headers.get("sec-fetch-site")
+        if site is not None:
+            return site.strip().lower() not in ("same-origin", "none")
+        return not self._same_origin(conn)
+
+    def _same_origin(self, request: HTTPConnection) -> bool:
         """Whether a POST comes from the dashboard's own pages: its `Origin` (else its
         `Referer`) is the request's own origin or an allowed one. A request with neither is no
         browser's (curl, a script): its CSRF token decides."""

@@ -21,7 +21,7 @@ import math
 import re
 import secrets
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from urllib.parse import unquote, urlsplit
 
@@ -77,10 +77,11 @@ class Access:
 
 
 class Throttle:
-    """Failed logins per client address: from the `limit`-th failure in a row on, the address
-    is locked out for `first` seconds, doubled with each further failure up to `longest`; a
-    success forgets its failures, and so does an hour without one. At most `size` addresses are
-    remembered (the least recently failed are forgotten first)."""
+    """Failed logins per client (an address, or what the caller counts apart): from the
+    `limit`-th failure in a row on, the client is locked out for `first` seconds, doubled with
+    each further failure up to `longest`; a success forgets its failures, and so does an hour
+    without one. At most `size` clients are remembered (the least recently failed are forgotten
+    first)."""
 
     def __init__(
         self,
@@ -92,15 +93,15 @@ class Throttle:
     ) -> None:
         self.limit, self.first, self.longest, self.size = limit, first, longest, size
         self.clock = clock
-        self._failures: dict[str, tuple[int, float, float]] = {}  # count, locked until, last
+        self._failures: dict[Hashable, tuple[int, float, float]] = {}  # count, until, last
 
-    def wait(self, who: str) -> int:
+    def wait(self, who: Hashable) -> int:
         """Whole seconds until `who` may try again; 0 when it may now."""
         entry = self._failures.get(who)
         left = 0.0 if entry is None else entry[1] - self.clock()
         return math.ceil(left) if left > 0 else 0
 
-    def failed(self, who: str) -> None:
+    def failed(self, who: Hashable) -> None:
         now = self.clock()
         count, _, last = self._failures.pop(who, (0, 0.0, now))
         count = 1 if now - last > 3600 else count + 1
@@ -111,7 +112,7 @@ class Throttle:
             del self._failures[next(iter(self._failures))]
         self._failures[who] = (count, until, now)
 
-    def succeeded(self, who: str) -> None:
+    def succeeded(self, who: Hashable) -> None:
         self._failures.pop(who, None)
 
 
