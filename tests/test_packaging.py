@@ -43,6 +43,24 @@ def test_the_library_runs_without_the_cli_dependencies() -> None:
     assert done.stdout.strip() == "ok []"
 
 
+FRAMEWORKS_UNTOUCHED = """
+import sys
+import rqlite_queue, rqlite_queue.worker, rqlite_queue.testing, rqlite_queue.cli
+frameworks = ("django", "django_tasks", "kombu", "celery")
+print(sorted({m.split(".")[0] for m in sys.modules} & set(frameworks)))
+"""
+
+
+def test_the_library_imports_no_framework() -> None:
+    """The integrations (`rqlite_queue.django`, `rqlite_queue.kombu`) are extras: the library,
+    its worker, fixtures and CLI import neither Django nor kombu nor Celery."""
+    done = subprocess.run(
+        [sys.executable, "-c", FRAMEWORKS_UNTOUCHED], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
 def test_the_sdist_holds_source_tests_and_docs_but_no_bench_results(tmp_path: Path) -> None:
     hatchling = pytest.importorskip("hatchling.builders.sdist")
     builder = hatchling.SdistBuilder(str(ROOT))
