@@ -7,7 +7,9 @@ is per session, failed logins are throttled, the token may come from a file, and
 
 from __future__ import annotations
 
+import ipaddress
 import itertools
+import json
 import os
 import re
 import select
@@ -39,8 +41,9 @@ pytestmark = pytest.mark.skipif(EXE is None, reason="rqlite-queue is not install
 
 @dataclass
 class Served:
-    base: str
+    base: str  # the first address it printed
     port: int
+    urls: list[str]  # every address it printed
     log: str = ""  # the command's stderr, once it has stopped
 
 
@@ -69,11 +72,11 @@ def serve(
     assert process.stdout is not None
     ready, _, _ = select.select([process.stdout], [], [], 30)
     line = process.stdout.readline() if ready else ""
-    found = re.search(r"on (https?://[^/ ]+?:(\d+))/ ", line)
+    found = re.search(r" on ((https?://[^/ ]+?:(\d+))/.*) \(", line)
     if not found:
         process.kill()
         raise AssertionError(f"no address in {line!r}: {process.communicate()[1][-2000:]}")
-    served = Served(found.group(1), int(found.group(2)))
+    served = Served(found.group(2), int(found.group(3)), found.group(1).split(", "))
     try:
         yield served
     finally:
@@ -246,8 +249,60 @@ def test_actions_on_a_public_address_need_auth(rqlite_cluster: Cluster, queue_na
     ):
         local = http.get(f"http://127.0.0.1:{s.port}/", headers={"Authorization": "Bearer s3cret"})
         assert local.status_code == 200
+    assert "warning" not in s.log  # with auth: nothing to warn of
     with serve(url, queue_name, "--host", "0.0.0.0") as s, httpx.Client() as http:
         assert http.get(f"http://127.0.0.1:{s.port}/").status_code == 200  # read-only: fine
+
+
+def machine_addresses(version: int) -> list[str]:
+    """The machine's addresses of one IP version, as iproute2 reads them (not the command's
+    way), without IPv6 link-local ones."""
+    ip = shutil.which("ip")
+    if ip is None:
+        pytest.skip("no `ip` (iproute2) to read the machine's addresses with")
+    shown = subprocess.run(
+        [ip, "-j", f"-{version}", "addr", "show"], capture_output=True, text=True, check=True
+    ).stdout
+    found = [a["local"] for link in json.loads(shown) for a in link.get("addr_info", [])]
+    return [a for a in found if not ipaddress.ip_address(a).is_link_local or version == 4]
+
+
+def test_on_every_address_the_machines_own_are_answered_and_shown(
+    rqlite_cluster: Cluster, queue_name: str, q: Transport
+) -> None:
+    """Issue 37: on `--host 0.0.0.0` the machine's own addresses are its names too (opening
+    http://<lan-ip>:PORT/ got 400), the startup line shows an address to open for each, loopback
+    first (it showed http://0.0.0.0:PORT/), and, without auth, a warning says that anyone who
+    reaches it sees the payloads. Connected through loopback only, the Host naming each."""
+    url = rqlite_cluster.url
+    v4 = machine_addresses(4)
+    assert "127.0.0.1" in v4
+    with serve(url, queue_name, "--host", "0.0.0.0") as served, httpx.Client() as http:
+        for address in v4:
+            host = {"Host": f"{address}:{served.port}"}
+            page = http.get(f"http://127.0.0.1:{served.port}/", headers=host)
+            assert page.status_code == 200, address
+        for other in ("203.0.113.254", "evil.example"):
+            host = {"Host": f"{other}:{served.port}"}
+            assert http.get(f"http://127.0.0.1:{served.port}/", headers=host).status_code == 400
+        assert served.urls[0] == f"http://127.0.0.1:{served.port}/"
+        assert sorted(served.urls) == sorted(f"http://{a}:{served.port}/" for a in v4)
+    warning = [line for line in served.log.splitlines() if line.startswith("warning")]
+    assert len(warning) == 1 and "every address" in warning[0] and "payloads" in warning[0]
+
+    if socket.has_ipv6 and "::1" in machine_addresses(6):
+        v6 = machine_addresses(6)
+        with serve(url, queue_name, "--host", "::") as served, httpx.Client() as http:
+            assert served.urls[0] == f"http://[::1]:{served.port}/"
+            assert sorted(served.urls) == sorted(f"http://[{a}]:{served.port}/" for a in v6)
+            for address in v6:
+                host = {"Host": f"[{address}]:{served.port}"}
+                page = http.get(f"http://[::1]:{served.port}/", headers=host)
+                assert page.status_code == 200, address
+
+    with serve(url, queue_name, "--trusted-proxy", "127.0.0.1") as served:
+        assert served.urls == [f"http://127.0.0.1:{served.port}/"]
+    assert "warning" in served.log and "proxy" in served.log
 
 
 # ------------------------------------------------------------------------------ (d), (e), headers

@@ -97,19 +97,59 @@ def _loopback(host: str) -> bool:
         return False
 
 
-def _allowed_hosts(host: str, public_url: str | None, extra: tuple[str, ...]) -> list[str]:
-    """The Host names the dashboard answers to: the address it listens on, the machine's names
-    when that is loopback or every address, the public URL's host, and `--allowed-host`."""
+def _own_addresses(host: str) -> list[str]:
+    """The machine's addresses a wildcard `host` listens on, as a `Host` names them (`[v6]`),
+    loopback first: its IPv4 ones for 0.0.0.0, IPv6 for :: (asyncio makes that socket IPv6
+    only), both for ''. Not IPv6 link-local ones: no browser opens an address with a zone."""
+    import psutil
+
+    families = {"0.0.0.0": (4,), "::": (6,)}.get(host, (4, 6))
+    found: set[ipaddress.IPv4Address | ipaddress.IPv6Address] = set()
+    for addresses in psutil.net_if_addrs().values():
+        for address in addresses:
+            if address.family not in (socket.AF_INET, socket.AF_INET6):
+                continue
+            ip = ipaddress.ip_address(address.address.partition("%")[0])
+            if ip.version in families and not (ip.version == 6 and ip.is_link_local):
+                found.add(ip)
+    ordered = sorted(found, key=lambda ip: (not ip.is_loopback, ip.version, int(ip)))
+    return [f"[{ip}]" if ip.version == 6 else str(ip) for ip in ordered]
+
+
+def _allowed_hosts(
+    host: str, own: list[str], public_url: str | None, extra: tuple[str, ...]
+) -> list[str]:
+    """The Host names the dashboard answers to: the address it listens on (on every address:
+    each of the machine's, `own`, and its host name), localhost's names when that is loopback
+    or every address, the public URL's host, and `--allowed-host`."""
     hosts = list(extra)
     if host not in WILDCARDS:
         hosts.append(host)
     if _loopback(host) or host in WILDCARDS:
         hosts.extend(["localhost", "127.0.0.1", "[::1]"])
     if host in WILDCARDS:
-        hosts.append(socket.gethostname())
+        hosts.extend([*own, socket.gethostname()])
     if public_url is not None:
         hosts.append(str(urlsplit(public_url).hostname))
     return hosts
+
+
+def _open_warning(host: str, trusted_proxies: list[str]) -> str | None:
+    """What to say when a dashboard without auth shows the queue's payloads to more than this
+    machine."""
+    if not _loopback(host):
+        where = "every address of this machine" if host in WILDCARDS else host
+        return (
+            f"warning: no --basic-auth or token, on {where}: anyone who reaches it sees the "
+            f"queue's messages, payloads included"
+        )
+    if trusted_proxies:
+        return (
+            "warning: no --basic-auth or token, behind a --trusted-proxy: anyone the proxy "
+            "lets through sees the queue's messages, payloads included (unless the proxy "
+            "authenticates users itself)"
+        )
+    return None
 
 
 def _public_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
@@ -244,6 +284,8 @@ def dashboard(
         import uvicorn
 
         from ..dashboard import create_app
+
+        own = _own_addresses(host) if host in WILDCARDS else []
     except ImportError as exc:
         raise click.ClickException(
             f"the dashboard needs the 'dashboard' extra: pip install 'rqlite-queue[dashboard]' "
@@ -261,7 +303,7 @@ def dashboard(
                 basic_auth=credentials,
                 bearer_token=bearer,
                 refresh=refresh,
-                allowed_hosts=_allowed_hosts(host, public_url, allowed_hosts),
+                allowed_hosts=_allowed_hosts(host, own, public_url, allowed_hosts),
                 allowed_origins=[public_url] if public_url is not None else [],
             )
             server = quiet_server(
@@ -293,11 +335,14 @@ def dashboard(
                 raise click.ClickException(f"could not listen on {host}:{port}")
             bound = server.servers[0].sockets[0].getsockname()[1]
             mode = "actions allowed" if allow_actions else "read-only"
-            shown = f"[{host}]" if ":" in host else host
-            click.echo(
-                f"dashboard of queue {config.queue!r} on {scheme}://{shown}:{bound}/ ({mode})"
-            )
+            names = own or [f"[{host}]" if ":" in host else host]
+            urls = ", ".join(f"{scheme}://{name}:{bound}/" for name in names)
+            click.echo(f"dashboard of queue {config.queue!r} on {urls} ({mode})")
             sys.stdout.flush()
+            if credentials is None and bearer is None:
+                warning = _open_warning(host, trusted_proxies)
+                if warning is not None:
+                    click.echo(warning, err=True)
             await serving
         finally:
             await transport.close()
