@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: screenshots setup rqlited browser chaos-deps monitoring-deps test test-install lint typecheck unit unit-fast docs demo bench chaos generate clean
+.PHONY: django6 screenshots setup rqlited browser chaos-deps monitoring-deps test test-install lint typecheck unit unit-fast docs demo bench chaos generate clean
 
 setup: $(STAMP) rqlited browser chaos-deps monitoring-deps
 
@@ -65,7 +65,12 @@ docs: $(STAMP)
 test-install: setup
 	RQLITED="$(RQLITED_PATH)" $(BIN)/pytest -q -m slow tests/install $(PYTEST_ARGS)
 
-test: setup lint typecheck docs unit test-install
+# The Django backend's tests on Django 6 (Python 3.12+, a venv of their own); `make unit` runs
+# them on the django-tasks backport under the project's Python.
+django6: setup
+	RQLITED="$(RQLITED_PATH)" scripts/django6-tests $(PYTEST_ARGS)
+
+test: setup lint typecheck docs unit django6 test-install
 
 # A first run anywhere: the 3-node cluster when an rqlited is found or can be built (Go and gcc),
 # else the embedded queue, saying why and how to get the 3-node demo (`--backend auto`).
@@ -94,4 +99,4 @@ screenshots: setup
 	RQLITE_QUEUE_SCREENSHOTS=1 RQLITED="$(RQLITED_PATH)" $(BIN)/pytest -q tests/test_dashboard.py -k staged_demo
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .venv-django6 .mypy_cache .ruff_cache .pytest_cache

@@ -43,9 +43,7 @@ Celery's remote control and broadcast commands are not available.
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import re
 import socket
 import threading
 import time
@@ -61,6 +59,7 @@ from kombu.utils.url import parse_url
 
 from . import Transport as Queue
 from .errors import OutcomeUnknown, QueueError, TransportClosed, Unavailable
+from .naming import queue_name_for
 from .types import Lease
 
 __all__ = ["ALIAS", "TLS_ALIAS", "Channel", "Transport", "group_of", "priority_of", "queue_name"]
@@ -90,19 +89,10 @@ QUEUE_OPTIONS = (
     "max_skew",
 )
 """Transport options given on to `from_url` as they are."""
-_NOT_A_NAME = re.compile(r"[^a-z0-9_]")
 
 
-def queue_name(name: str, prefix: str = "") -> str:
-    """The queue that holds kombu's queue `name`: the name itself when it is 1-40 lower-case
-    letters, digits or `_`; otherwise made into one, with a hash of the original (so that two
-    kombu names never share a queue)."""
-    full = prefix + name
-    plain = _NOT_A_NAME.sub("_", full.lower())
-    if plain == full and 0 < len(full) <= 40:
-        return full
-    digest = hashlib.blake2b(full.encode(), digest_size=4).hexdigest()
-    return f"{plain[:31]}_{digest}"
+queue_name = queue_name_for
+"""The queue that holds kombu's queue `name` (`rqlite_queue.naming.queue_name_for`)."""
 
 
 def priority_of(message: dict[str, Any]) -> int:

@@ -29,7 +29,10 @@ def read_runs(path: Path) -> dict[str, list[Run]]:
     ends: dict[tuple[str, int, int], list[float]] = defaultdict(list)
     if path.exists():
         for line in path.read_text().splitlines():
-            kind, key, n, pid, at = line.split()
+            kind, *fields = line.split()
+            if kind not in ("start", "end"):
+                continue
+            key, n, pid, at = fields
             if kind == "start":
                 starts.append((key, int(n), int(pid), float(at)))
             else:

@@ -1,0 +1,154 @@
+"""The task backend: `TASKS = {"default": {"BACKEND": "rqlite_queue.django.RqliteQueueBackend",
+...}}`. Enqueueing publishes a message on the queue of the task's `queue_name`; the worker
+(`manage.py rqlite_queue_worker`) runs them."""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+import uuid
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+
+from .. import Transport
+from ..naming import queue_name_for
+from . import compat
+
+DEFAULT_URL = "sqlite:///django-tasks.db"
+"""Without `OPTIONS["url"]`: the embedded queue on a file beside the project (BASE_DIR when
+the settings have one, else the working directory)."""
+
+
+def queue_priority(priority: int) -> int:
+    """Django's priority (-100 to 100, default 0) on the queue's scale (0-4): 0 and below are
+    the queue's default, 0; above it, a band of 25 per level (1-25: 1, ..., 76-100: 4)."""
+    return 0 if priority <= 0 else min(4, math.ceil(priority / 25))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Task(compat.Task):
+    """Django's Task, with the queue's group: tasks that name the same `group` run in the
+    order they were enqueued, one at a time (whatever the number of workers); tasks without
+    one run in parallel, each its own group. `@task(group="reports")`, or per call:
+    `charge.using(group=f"order-{order.pk}").enqueue(order.pk)`."""
+
+    group: str | None = None
+
+    def using(self, *, group: str | None = None, **changes: Any) -> Task:
+        task: Task = compat.Task.using(self, **changes)
+        return task if group is None else replace(task, group=group)
+
+
+class RqliteQueueBackend(compat.BaseTaskBackend):
+    """Tasks as messages of the queue: deferred (`run_after` -> a delayed message), with
+    priorities (mapped onto 0-4, `queue_priority`), in order per `Task.group`; run by
+    `manage.py rqlite_queue_worker` (the queue's Worker: leases, heartbeats, retries with
+    backoff, dead letters).
+
+    OPTIONS: `url` (any URL `from_url` takes; default the embedded file `django-tasks.db`
+    beside the project), `queue_prefix` (put before each queue's name), `queue_options`
+    (given to `from_url`), and the worker's: `concurrency`, `max_attempts`, `visibility`,
+    `backoff` (`{"base": 1, "cap": 300, "jitter": 0.5}`), `non_retryable` (exception classes'
+    paths), `grace`, `schedules` (periodic tasks)."""
+
+    task_class = Task
+    supports_defer = True
+    supports_async_task = True
+    supports_priority = True
+    supports_get_result = False
+
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        super().__init__(alias, params)
+        self.url = str(self.options.get("url") or self._default_url())
+        self.queue_prefix = str(self.options.get("queue_prefix") or "")
+        self.queue_options = dict(self.options.get("queue_options") or {})
+        self._queues: dict[str, Transport] = {}
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _default_url() -> str:
+        base = getattr(settings, "BASE_DIR", None)
+        if base is None:
+            return DEFAULT_URL
+        return f"sqlite:///{os.path.join(str(base), 'django-tasks.db')}"
+
+    def queue(self, name: str) -> Transport:
+        """The open queue of Django's queue `name` (opened on first use in this process)."""
+        with self._lock:
+            if os.getpid() != self._pid:  # a forked child: its parent's clients are not its
+                self._queues, self._pid = {}, os.getpid()
+            target = queue_name_for(name, self.queue_prefix)
+            found = self._queues.get(target)
+            if found is None:
+                found = self._queues[target] = Transport.from_url(
+                    self.url, queue=target, **self.queue_options
+                )
+            return found
+
+    def close(self) -> None:
+        with self._lock:
+            queues, self._queues = list(self._queues.values()), {}
+        for queue in queues:
+            queue.close()
+
+    def validate_task(self, task: Any) -> None:
+        super().validate_task(task)
+        group = getattr(task, "group", None)
+        if group is not None and (not isinstance(group, str) or not group):
+            raise compat.InvalidTask("group must be a non-empty string")
+
+    def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
+        self.validate_task(task)
+        result = compat.TaskResult(
+            task=task,
+            id=uuid.uuid4().hex,
+            status=compat.TaskResultStatus.READY,
+            enqueued_at=timezone.now(),
+            started_at=None,
+            finished_at=None,
+            last_attempted_at=None,
+            args=list(args),
+            kwargs=dict(kwargs),
+            backend=self.alias,
+            errors=[],
+            worker_ids=[],
+        )
+        group = getattr(task, "group", None)
+        self.queue(task.queue_name).publish(
+            group or f"task-{result.id}",
+            task_event(task, result),
+            queue_priority(task.priority),
+            not_before=_epoch(task.run_after),
+            dedup_id=result.id,  # a publish whose reply was lost is sent again safely
+        )
+        compat.task_enqueued.send(type(self), task_result=result)
+        return result
+
+
+def task_event(task: Any, result: Any) -> dict[str, Any]:
+    """The message of a task run: what the worker needs to run it and to report it."""
+    enqueued = result.enqueued_at
+    return {
+        "id": result.id,
+        "task": task.module_path,
+        "args": result.args,
+        "kwargs": result.kwargs,
+        "queue": task.queue_name,
+        "priority": task.priority,
+        "group": getattr(task, "group", None),
+        "backend": result.backend,
+        "enqueued_at": None if enqueued is None else enqueued.timestamp(),
+    }
+
+
+def _epoch(when: datetime | None) -> float | None:
+    if when is None:
+        return None
+    return when.timestamp() if when.timestamp() > time.time() else None
