@@ -29,6 +29,8 @@ REPLACEMENTS = {
     "AsyncShardRouter": "ShardRouter",
     "AsyncMoves": "Moves",
     "AsyncOutbox": "Outbox",
+    "AsyncShardCalls": "ShardCalls",
+    "AsyncShardSchedules": "ShardSchedules",
     "AsyncTransaction": "Transaction",
     "AsyncRouter": "Router",
     "AsyncRuntime": "SyncRuntime",

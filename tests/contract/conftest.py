@@ -334,7 +334,8 @@ def lose(q: Any, *steps: tuple[str, Callable[[], Any] | None]) -> list[Any]:
     """Make the next writes of `q` (on whichever cluster) lose their replies as `steps` say."""
     transport = getattr(q, "sync", q)
     router = transport.router
-    backends = router.backends.values() if hasattr(router, "backends") else [router.backend]
+    one = router.cluster
+    backends = [one] if one is not None else [router.backend(name) for name in router.names]
     plan = list(steps)
     for backend in backends:
         if not isinstance(backend.executor, LoseReplies):

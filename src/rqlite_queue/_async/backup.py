@@ -20,7 +20,7 @@ from .._protocol.checks import check_seconds
 from .._protocol.http import redact
 from .._protocol.sharding import is_sharded_url
 from ..errors import InvalidArgument, TargetNotEmpty, TransportClosed
-from .cluster import AsyncBackend, AsyncClusterRouter
+from .cluster import AsyncBackend
 from .queue import (
     AsyncRqliteTransport,
     AsyncShardedTransport,
@@ -180,10 +180,10 @@ def _parts(queue: AsyncTransport, path: str | os.PathLike[str], shard: str | Non
 
 
 def _backend(queue: AsyncTransport) -> AsyncBackend:
-    router = queue.router
-    if not isinstance(router, AsyncClusterRouter):
+    backend = queue.router.cluster
+    if backend is None:
         raise InvalidArgument(f"queue {queue.queue!r}: not on one cluster")
-    return router.backend
+    return backend
 
 
 def _deadline(queue: AsyncTransport, timeout: float | None) -> float:

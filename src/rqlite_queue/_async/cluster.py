@@ -312,8 +312,8 @@ class AsyncBackend:
 
 
 class AsyncClusterRouter:
-    """The router of a queue on one cluster: every call goes to its one backend. (The shard
-    router, `shards.py`, has the same methods over several.)"""
+    """The router of a queue on one cluster: every call goes to its one backend. An
+    `AsyncRouter` (`router.py`), as the shard router (`shards.py`) is over several."""
 
     scoped_dedup = False
     """Dedup ids are the caller's own (a sharded queue scopes them to their group)."""
@@ -323,6 +323,10 @@ class AsyncClusterRouter:
         self.publishes: AsyncCoalescer[tuple[Sequence[NewMessage], float], list[int]]
         self.publishes = AsyncCoalescer(self._publish_calls, lambda call: len(call[0]), MAX_PUBLISH)
         """Concurrent publishes on this transport go together (group commit)."""
+
+    @property
+    def cluster(self) -> AsyncBackend:
+        return self.backend
 
     @property
     def resent(self) -> int:

@@ -5,25 +5,29 @@ file is the source; `_sync/moves.py` is generated from it."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
-from .._protocol.sharding import status_of, status_unknown
+from .._protocol.core import QueueCore
+from .._protocol.sharding import ShardList, status_of, status_unknown
 from ..errors import BackendError, StaleShardList
 from ..types import Lease, ShardStatus
 from .cluster import AsyncBackend
+from .shard_calls import AsyncShardCalls
 
-if TYPE_CHECKING:
-    from .shards import AsyncShardRouter
+RELEASE_SWEEP = 1.0
+"""While the shard list changes, how often workers look for moved groups still held on their
+new shard after their old one emptied (after a crash)."""
 
 
 class AsyncMoves:
-    """The shard list's change, for its router."""
+    """The change of `shard_list` under way, on the shards `calls` reaches."""
 
-    def __init__(self, router: AsyncShardRouter) -> None:
-        self.router = router
-        self.shard_list = router.shard_list
-        self.core = router.core
+    def __init__(self, calls: AsyncShardCalls, shard_list: ShardList, core: QueueCore) -> None:
+        self.calls = calls
+        self.shard_list = shard_list
+        self.core = core
+        self._next_release_sweep = 0.0
 
     async def locate(self, group_id: str, deadline: float) -> str:
         """The shard that has the group's messages now: its previous shard while it still
@@ -31,7 +35,7 @@ class AsyncMoves:
         target, previous = self.shard_list.placement(group_id)
         if target == previous:
             return target
-        here = await self.router.on(previous, self.core.peek(group_id, 1), deadline)
+        here = await self.calls.on(previous, self.core.peek(group_id, 1), deadline)
         return previous if here else target
 
     async def still_on_old_shards(self, group_ids: Iterable[str], deadline: float) -> set[str]:
@@ -44,7 +48,7 @@ class AsyncMoves:
             if target != previous:
                 asked.setdefault(previous, []).append(group_id)
         for name in asked:
-            self.router.check_up(name)
+            self.calls.check_up(name)
 
         async def ask(name: str, backend: AsyncBackend) -> set[str]:
             try:
@@ -54,7 +58,7 @@ class AsyncMoves:
                 raise self.stale(name, exc) from exc
 
         present: set[str] = set()
-        for result in (await self.router.on_many(list(asked), ask)).values():
+        for result in (await self.calls.on_many(list(asked), ask)).values():
             if isinstance(result, BaseException):
                 raise result  # where the group is cannot be known: nothing is published
             present |= result
@@ -83,7 +87,14 @@ class AsyncMoves:
         async def release(name: str, backend: AsyncBackend) -> None:
             await backend.run(self.core.release_waits(sorted(by_target[name])), deadline)
 
-        await self.router.on_many(list(by_target), release)
+        await self.calls.on_many(list(by_target), release)
+
+    async def sweep(self, deadline: float) -> None:
+        """The workers' sweep (every `RELEASE_SWEEP` seconds while the list changes) of the
+        moved groups a crash left held."""
+        if self.shard_list.changing and time.monotonic() >= self._next_release_sweep:
+            self._next_release_sweep = time.monotonic() + RELEASE_SWEEP
+            await self.release_moved_groups(deadline)
 
     async def release_moved_groups(self, deadline: float) -> int:
         """Let the new shards serve the moving groups whose old shard has delivered all of
@@ -91,7 +102,7 @@ class AsyncMoves:
         if not self.shard_list.changing:
             return 0
         plan = self.core.waiting_groups(10_000)
-        results = await self.router.answering(lambda _, backend: backend.run(plan, deadline))
+        results = await self.calls.answering(lambda _, backend: backend.run(plan, deadline))
         waiting = {group_id for found in results.values() for group_id in found}
         if waiting:
             await self.release_if_gone(waiting, deadline)
@@ -117,7 +128,7 @@ class AsyncMoves:
             waiting = await backend.run(core.waiting_groups(1_000_000), deadline)
             return status_of(name, self.shard_list, stats, epoch, leaving, schedules, len(waiting))
 
-        results = await self.router.on_many(self.router.names, one)
+        results = await self.calls.on_many(self.calls.names, one)
         return [
             r if not isinstance(r, BaseException) else status_unknown(n, self.shard_list)
             for n, r in results.items()

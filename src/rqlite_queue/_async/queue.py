@@ -1,8 +1,8 @@
 """The queue: one class whatever the topology. Each method checks its arguments once (in the
-core), builds the plan once, and hands it to the queue's router: one cluster
-(`cluster.AsyncClusterRouter`) or several (`shards.AsyncShardRouter`). The classes below it
-only construct: an rqlite cluster, an embedded SQLite file, or shards. This file is the source;
-`_sync/queue.py` is generated from it (`scripts/gen_sync.py`): edit here, then
+core), builds the plan once, and hands it to the queue's router (`router.AsyncRouter`): one
+cluster (`cluster.AsyncClusterRouter`) or several (`shards.AsyncShardRouter`). The classes
+below it only construct: an rqlite cluster, an embedded SQLite file, or shards. This file is
+the source; `_sync/queue.py` is generated from it (`scripts/gen_sync.py`): edit here, then
 `make generate`."""
 
 from __future__ import annotations
@@ -48,11 +48,11 @@ from ..types import (
     TenantInfo,
 )
 from .cluster import AsyncBackend, AsyncClusterRouter
+from .router import AsyncRouter
 from .shards import DEFAULT_CLAIM_DEADLINE, AsyncShardRouter
 from .transaction import AsyncTransaction
 
 T = TypeVar("T")
-AsyncRouter = AsyncClusterRouter | AsyncShardRouter
 
 DEFAULT_DEADLINE = 15.0
 
@@ -219,9 +219,9 @@ class AsyncTransport:
         messages = self._core.messages(given, scoped=self.router.scoped_dedup)
         if connection is None:
             return await self.router.publish(messages, self._by())
-        if not isinstance(self.router, AsyncClusterRouter):
+        backend = self.router.cluster
+        if backend is None:
             raise InvalidArgument("connection= is for the embedded SQLite queue, not shards")
-        backend = self.router.backend
         return backend.run_in(
             connection, self._core.publish(messages, bind_rows=backend.binds_rows)
         )
@@ -533,7 +533,7 @@ class AsyncTransport:
         (seq, shard) order: seqs are per shard). For the next page, pass the last one's
         `DeadLetter.cursor` as `after` (keyset paging: dead letters requeued or purged
         between two pages never make a page repeat or skip one that was there all along)."""
-        sharded = isinstance(self.router, AsyncShardRouter)
+        sharded = self.router.cluster is None  # seqs are per shard: the cursor names one
         cursor = None if after is None else sharding.parse_dead_cursor(after, sharded=sharded)
         plan = self._core.dead_letters(limit, group_id, cursor)
         merge = sharding.dead_letters_of(limit, cursor)
@@ -740,14 +740,14 @@ class AsyncShardedTransport(AsyncTransport):
     def down_shards(self) -> list[str]:
         """The shards that did not answer and are being probed in the background (down, or
         skipped by claims)."""
-        return self._shards.health.down()
+        return self._shards.down()
 
     async def release_moved_groups(self) -> int:
         """Let the new shards serve the moving groups whose old shard has delivered all of
         theirs (done after each such ack too; this catches any a crash left held). Returns
         how many were still held."""
         self._core.check_open()
-        return await self._shards.moves.release_moved_groups(self._by())
+        return await self._shards.release_moved_groups(self._by())
 
     async def shard_status(self) -> list[ShardStatus]:
         """Each shard as a change of the shard list sees it: its part in the change, whether
@@ -755,7 +755,7 @@ class AsyncShardedTransport(AsyncTransport):
         still have to leave it, its dead letters and the schedules that belong elsewhere.
         Pages through every group: an operator's call."""
         self._core.check_open()
-        return await self._shards.moves.shard_status(self._by())
+        return await self._shards.shard_status(self._by())
 
 
 def _token() -> str:
@@ -822,13 +822,14 @@ def _given_backends(shards: Mapping[str, AsyncTransport], queue: str) -> dict[st
     backends: dict[str, AsyncBackend] = {}
     for name, transport in shards.items():
         router = getattr(transport, "router", None)
-        if not isinstance(router, AsyncClusterRouter):
+        backend = getattr(router, "cluster", None)
+        if not isinstance(backend, AsyncBackend):
             raise InvalidArgument(
                 f"shard {name!r}: not a single-cluster transport: {show(transport)}"
             )
         if transport.queue != queue:
             raise InvalidArgument(f"shard {name!r} is on queue {transport.queue!r}, not {queue!r}")
-        backends[check_shard_name(name)] = router.backend
+        backends[check_shard_name(name)] = backend
     if not backends:
         raise InvalidArgument("a sharded transport needs at least one shard")
     return backends

@@ -5,70 +5,56 @@ generated from it."""
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import time
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
-from .._protocol.core import Plan
+from .._protocol.core import Plan, QueueCore
+from .._protocol.sharding import ShardList
 from .._protocol.sql import ScheduleRow
-from ..errors import OutcomeUnknown, Unavailable
 from .cluster import AsyncBackend
-
-if TYPE_CHECKING:
-    from .shards import AsyncShardRouter
+from .shard_calls import AsyncShardCalls
 
 T = TypeVar("T")
 
-NOT_ANSWERED = (Unavailable, OutcomeUnknown)
-RELEASE_SWEEP = 1.0
-"""While the shard list changes, how often workers look for moved groups still held on their
-new shard after their old one emptied (after a crash)."""
-
 
 class AsyncShardSchedules:
-    """The schedules of a sharded queue, for its router."""
+    """The schedules of a sharded queue's shards (reached by `calls`), placed by
+    `shard_list`."""
 
-    def __init__(self, router: AsyncShardRouter) -> None:
-        self.router = router
-        self._next_release_sweep = 0.0
+    def __init__(self, calls: AsyncShardCalls, shard_list: ShardList, core: QueueCore) -> None:
+        self.calls = calls
+        self.shard_list = shard_list
+        self.core = core
 
     async def store(self, plan: Plan[T], name: str, group_id: str, deadline: float) -> T:
         """Stored on the group's shard; a schedule of the same name on another shard is
         removed first (none may be down)."""
-        router = self.router
-        target = router.shard_list.shard_of(group_id)
-        others = [n for n in router.names if n != target]
+        calls = self.calls
+        target = self.shard_list.shard_of(group_id)
+        others = [n for n in calls.names if n != target]
         for other in others:
-            router.check_up(other)
+            calls.check_up(other)
         if others:
-            unschedule = router.core.unschedule(name)
-            await router.on_names(unschedule, deadline, f"schedule {name!r}", others)
-        return await router.on(target, plan, deadline)
+            unschedule = self.core.unschedule(name)
+            await calls.on_names(unschedule, deadline, f"schedule {name!r}", others)
+        return await calls.on(target, plan, deadline)
 
     async def fire(self, deadline: float) -> int:
         """Each shard fires its own schedules. While the list changes, the schedules of groups
-        that move wait (their ticks are then caught up). Also the workers' sweep of what a
-        crashed worker left in the outboxes, and of moved groups left held."""
-        router = self.router
-        if router.shard_list.changing and time.monotonic() >= self._next_release_sweep:
-            self._next_release_sweep = time.monotonic() + RELEASE_SWEEP
-            await router.moves.release_moved_groups(deadline)
-        results = await router.answering(functools.partial(self._fire_on, deadline), True)
-        with contextlib.suppress(*NOT_ANSWERED):  # what a crashed forwarder left behind
-            await router.outbox.forward(deadline)
+        that move wait (their ticks are then caught up)."""
+        results = await self.calls.answering(functools.partial(self._fire_on, deadline), True)
         return sum(results.values())
 
     async def _fire_on(self, deadline: float, name: str, backend: AsyncBackend) -> int:
-        router, core = self.router, self.router.core
-        due = await backend.run(core.due_schedules(), router.claim_by(deadline))
+        calls, core = self.calls, self.core
+        due = await backend.run(core.due_schedules(), calls.claim_by(deadline))
         fire: list[ScheduleRow] = []
         for row in due:
-            target, previous = router.shard_list.placement(row.group_id)
+            target, previous = self.shard_list.placement(row.group_id)
             if target == previous == name:
                 fire.append(row)
             elif target == previous:  # on the group's shard first, then gone from here
-                router.check_up(target)
-                await router.backends[target].run(core.put_row(row), deadline)
+                calls.check_up(target)
+                await calls.backend(target).run(core.put_row(row), deadline)
                 await backend.run(core.unschedule(row.name), deadline)
-        return await backend.run(core.fire(fire), router.claim_by(deadline)) if fire else 0
+        return await backend.run(core.fire(fire), calls.claim_by(deadline)) if fire else 0

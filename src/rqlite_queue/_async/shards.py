@@ -1,24 +1,22 @@
 """The router of a queue over several clusters (shards); `_sync/shards.py` is generated from it.
 A group lives on one shard (`_protocol/sharding.py`), so within a group all holds as on one
 cluster. Only what is cross-shard lives here: publishes split by shard behind the shard list's
-epoch, claim rounds gathered across shards, answers merged, the probes of a shard that stopped
-answering; changes of the shard list (`moves.py`), follow-ups to other shards (`outbox.py`)
-and schedules (`shard_schedules.py`) in modules of their own."""
+epoch, claim rounds gathered across shards, answers merged; the calls on the shards and the
+probes of one that stopped answering (`shard_calls.py`), changes of the shard list
+(`moves.py`), follow-ups to other shards (`outbox.py`) and schedules (`shard_schedules.py`) in
+modules of their own, each given what it needs (never this router)."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import functools
-import random
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TypeVar
 
 from .._protocol.core import Plan, QueueCore
 from .._protocol.params import CheckedRound, Settlement
 from .._protocol.sharding import (
-    ShardHealth,
     ShardList,
     finished_on,
     merge_rounds,
@@ -29,37 +27,36 @@ from .._protocol.sharding import (
     split_round,
 )
 from .._protocol.sql import NewMessage, Statement
-from .._runtime import LOCAL_PUBLISHES, AsyncFanOut, Awaitable
+from .._runtime import LOCAL_PUBLISHES
 from ..errors import (
     BackendError,
     InvalidArgument,
-    OutcomeUnknown,
     PartialRound,
-    QueueError,
     QueueFull,
-    ShardDown,
     Unavailable,
 )
-from ..types import NodeView, Round
+from ..types import NodeView, Round, ShardStatus
 from .cluster import AsyncBackend, Merge
 from .moves import AsyncMoves
 from .outbox import AsyncOutbox
+from .shard_calls import NOT_ANSWERED, AsyncShardCalls
 from .shard_schedules import AsyncShardSchedules
 
 T = TypeVar("T")
 
-PROBE_DEADLINE = 2.0  # for a background probe of a down shard
 DEFAULT_CLAIM_DEADLINE = 2.0
 """How long a claim round waits for one shard: one that does not answer in time is skipped by
 claims (the others' leases are returned) until it answers a background probe."""
-NOT_ANSWERED = (Unavailable, OutcomeUnknown)
 
 
 class AsyncShardRouter:
-    """Routes a queue's calls to its shards (`backends`, by name, in the list's order)."""
+    """Routes a queue's calls to its shards (`backends`, by name, in the list's order): an
+    `AsyncRouter` (`router.py`)."""
 
     scoped_dedup = True
     """Dedup ids are scoped to their group: the same id in two groups is two messages."""
+    cluster: AsyncBackend | None = None
+    """Not on one cluster (a shard's backend is `backend(name)`)."""
 
     def __init__(
         self,
@@ -69,117 +66,39 @@ class AsyncShardRouter:
         *,
         claim_deadline: float,
     ) -> None:
-        self.backends = dict(backends)
         self.shard_list = shard_list
         self.core = core
-        self.claim_deadline = claim_deadline
-        self.names = list(backends)
-        self.health = ShardHealth(self.names, random.random)
-        self._fan = AsyncFanOut(len(self.backends))
+        self.calls = AsyncShardCalls(backends, core, claim_deadline=claim_deadline)
+        """The shards, which of them answer, and the calls on them."""
         self._turn = 0
-        self.outbox = AsyncOutbox(self)
-        self.schedules = AsyncShardSchedules(self)
-        self.moves = AsyncMoves(self)
+        self.moves = AsyncMoves(self.calls, shard_list, core)
+        self.outbox = AsyncOutbox(
+            self.calls, shard_list, core, functools.partial(self.publish, bounded=False)
+        )
+        self.schedules = AsyncShardSchedules(self.calls, shard_list, core)
+
+    @property
+    def names(self) -> list[str]:
+        return self.calls.names
+
+    @property
+    def claim_deadline(self) -> float:
+        return self.calls.claim_deadline
 
     @property
     def resent(self) -> int:
-        return sum(backend.resent for backend in self.backends.values())
+        return self.calls.resent
 
     def backend(self, name: str) -> AsyncBackend:
-        if name not in self.backends:
-            raise InvalidArgument(f"no shard named {name!r} (shards: {self.names})")
-        return self.backends[name]
-
-    # ------------------------------------------------------------------------ health
+        return self.calls.backend(name)
 
     async def setup(self, deadline: float) -> None:
-        """Set every shard up; one that does not answer by `deadline` is marked down (and
-        probed in the background), unless none answers."""
-        results = await self.on_many(self.names, lambda _, b: b.setup(deadline))
-        failed = [(n, r) for n, r in results.items() if isinstance(r, BaseException)]
-        if len(failed) == len(self.names):
-            raise Unavailable(f"no shard answered: {failed[0][0]}: {failed[0][1]}")
+        await self.calls.setup(deadline)
 
-    def _mark_down(self, name: str, *, claims: bool = False) -> None:
-        self.health.failed(name, time.monotonic(), claims=claims)
-        self._fan.background(self._watch)
-
-    async def _watch(self) -> None:
-        """The background job: probe the down shards when due, until all answer again."""
-        while self.health.down() and not self.core.closed:
-            for name in self.health.due(time.monotonic()):
-                try:
-                    plan = self.core.probe(0)
-                    await self.backends[name].run(plan, time.monotonic() + PROBE_DEADLINE)
-                except QueueError:
-                    self.health.probed(name, time.monotonic(), answered=False)
-                else:
-                    self.health.probed(name, time.monotonic(), answered=True)
-            retry = self.health.next_probe()
-            if retry is None or await self._fan.pause(max(0.01, retry - time.monotonic())):
-                return
-
-    def check_up(self, name: str, leases: bool = False) -> None:
-        self.health.check_up(name, time.monotonic(), leases)
-
-    def claim_by(self, deadline: float) -> float:
-        return min(deadline, time.monotonic() + self.claim_deadline)
-
-    async def on(self, name: str, plan: Plan[T], deadline: float) -> T:
-        """Run `plan` on one shard (refused at once if it is down; marked down if it does
-        not answer)."""
-        return await self.on_one(name, lambda _, backend: backend.run(plan, deadline))
-
-    async def on_one(self, name: str, call: Callable[[str, AsyncBackend], Awaitable[T]]) -> T:
-        self.check_up(name)
-        result = (await self.on_many([name], call))[name]
-        if isinstance(result, BaseException):
-            raise result
-        return result
-
-    async def on_many(
-        self,
-        names: Sequence[str],
-        call: Callable[[str, AsyncBackend], Awaitable[T]],
-        *,
-        claims: bool = False,
-    ) -> dict[str, T | BaseException]:
-        """Run `call` on several shards at once; unavailable ones are marked down (`claims`:
-        only skipped by claims) and given as their exception. Any other error is raised."""
-        calls = [functools.partial(call, name, self.backends[name]) for name in names]
-        out: dict[str, T | BaseException] = {}
-        for name, result in zip(names, await self._fan.all(calls), strict=True):
-            if isinstance(result, NOT_ANSWERED):
-                if not isinstance(result, ShardDown):  # refused at once: not a new failure
-                    self._mark_down(name, claims=claims)
-            elif isinstance(result, BaseException):
-                raise result
-            out[name] = result
-        return out
-
-    async def answering(
-        self, call: Callable[[str, AsyncBackend], Awaitable[T]], workers: bool = False
-    ) -> dict[str, T]:
-        """Run `call` on every shard that answers. `workers`: a call of the workers' loop: on
-        the shards claims go to, skipping (like claims) one that failed to answer it."""
-        names = self.health.claimable() if workers else self.health.live()
-        results = await self.on_many(names, call, claims=workers)
-        if answered := {n: r for n, r in results.items() if not isinstance(r, BaseException)}:
-            return answered
-        raise Unavailable(f"queue {self.core.names.queue!r}: no shard answered")
-
-    async def on_names(
-        self, plan: Plan[T], deadline: float, what: str, names: Sequence[str] | None = None
-    ) -> dict[str, T]:
-        """Run `plan` on every shard (or on `names`); Unavailable naming those that are down
-        or did not answer."""
-        targets = self.names if names is None else names
-        live = [name for name in targets if name in self.health.live()]
-        results = await self.on_many(live, lambda _, backend: backend.run(plan, deadline))
-        answered = {n: r for n, r in results.items() if not isinstance(r, BaseException)}
-        if missing := [name for name in targets if name not in answered]:
-            raise Unavailable(f"{what}: shard(s) {', '.join(missing)} did not answer")
-        return answered
+    def down(self) -> list[str]:
+        """The shards that did not answer, probed in the background (down, or skipped by
+        claims)."""
+        return self.calls.down()
 
     # ------------------------------------------------------------------------ routes
 
@@ -195,20 +114,20 @@ class AsyncShardRouter:
         """On the shard that has the group's messages. `empties`: the call may leave a moving
         group with none on its old shard, which then lets its new shard serve it."""
         name = await self.moves.locate(group_id, deadline)
-        result = await self.on(name, plan, deadline)
+        result = await self.calls.on(name, plan, deadline)
         if empties and self.shard_list.changing and name != self.shard_list.shard_of(group_id):
             await self.moves.release_if_gone({group_id}, deadline)
         return merge({name: result}, []) if merge is not None else result
 
     async def everywhere(self, plan: Plan[T], deadline: float, what: str) -> list[T]:
-        return list((await self.on_names(plan, deadline, what)).values())
+        return list((await self.calls.on_names(plan, deadline, what)).values())
 
     async def gather(
         self, plan: Plan[T], deadline: float, merge: Merge[T], *, workers: bool = False
     ) -> T:
         """From every shard that answers, merged; `workers`: as claims do (`answering`)."""
-        by = self.claim_by(deadline) if workers else deadline
-        results = await self.answering(lambda _, b: b.run(plan, by), workers)
+        by = self.calls.claim_by(deadline) if workers else deadline
+        results = await self.calls.answering(lambda _, b: b.run(plan, by), workers)
         return merge(results, [name for name in self.names if name not in results])
 
     async def publish(
@@ -219,7 +138,7 @@ class AsyncShardRouter:
         `bounded`: False for follow-ups forwarded from an outbox (never bounded)."""
         parts = split_by_shard(messages, lambda m: self.shard_list.shard_of(m.group_id))
         for name in parts:
-            self.check_up(name)
+            self.calls.check_up(name)
         waiting = await self.moves.still_on_old_shards({m.group_id for m in messages}, deadline)
 
         async def part(name: str, backend: AsyncBackend) -> list[int] | QueueFull:
@@ -238,7 +157,7 @@ class AsyncShardRouter:
             except BackendError as exc:
                 raise self.moves.stale(name, exc) from exc
 
-        results = await self.on_many(list(parts), part)
+        results = await self.calls.on_many(list(parts), part)
         published = {n: r for n, r in results.items() if isinstance(r, list)}
         if published:
             LOCAL_PUBLISHES.published(self.core.names.queue)
@@ -267,7 +186,7 @@ class AsyncShardRouter:
         one that found nothing, first asks with a read. Settlements on a shard that does not
         answer come back in `Round.unsettled` (`PartialRound`), to be sent again."""
         parts = split_round(checked, self.shard_list.shard_of_lease)
-        live = self.health.claimable()
+        live = self.calls.claimable()
         self._turn += 1
         order = rotation(live, self._turn) if live else []
         want = {order[0]: checked.n} if order and checked.n else {}
@@ -279,12 +198,12 @@ class AsyncShardRouter:
         ) -> Round:
             settle = settling and name in parts
             if settle:
-                self.check_up(name, leases=True)
+                self.calls.check_up(name, leases=True)
             mine = parts[name] if settle else []
-            n, by = want.get(name, 0), self.claim_by(deadline)
+            n, by = want.get(name, 0), self.calls.claim_by(deadline)
             return await self._part(name, backend, checked, mine, n, by, probe=not settle)
 
-        results = await self.on_many(first, functools.partial(part, want, True), claims=True)
+        results = await self.calls.on_many(first, functools.partial(part, want, True), claims=True)
         forwarded = await self.outbox.forward_soon(deadline)
         rounds = {n: r for n, r in results.items() if not isinstance(r, BaseException)}
         unsettled = [s for n in results if n not in rounds for s in parts.get(n, ())]
@@ -293,12 +212,14 @@ class AsyncShardRouter:
         }
         remaining = checked.n - sum(len(r.leases) for r in rounds.values())
         while remaining > 0:  # the shards not asked yet, or that filled their share, for more
-            ask = [n for n in order if n not in exhausted and n in self.health.claimable()]
+            ask = [n for n in order if n not in exhausted and n in self.calls.claimable()]
             more_want = shares(remaining, ask) if ask else {}
             ask = [name for name in ask if more_want[name]]
             if not ask:
                 break
-            more = await self.on_many(ask, functools.partial(part, more_want, False), claims=True)
+            more = await self.calls.on_many(
+                ask, functools.partial(part, more_want, False), claims=True
+            )
             for name, extra in more.items():
                 if isinstance(extra, BaseException) or len(extra.leases) < more_want[name]:
                     exhausted.add(name)
@@ -306,7 +227,7 @@ class AsyncShardRouter:
                     remaining -= len(extra.leases)
                     old = rounds.get(name, Round())
                     rounds[name] = Round([*old.leases, *extra.leases], old.lost, old.extended)
-        if checked.n and not rounds and not self.health.claimable():
+        if checked.n and not rounds and not self.calls.claimable():
             raise Unavailable(f"queue {self.core.names.queue!r}: no shard answers")
         if self.shard_list.changing:
             # On failure left held: the next settlement or release_moved_groups() frees them.
@@ -328,16 +249,16 @@ class AsyncShardRouter:
         lease's shard; when only one shard is concerned, its error is raised as it is."""
         parts = split_round(checked, self.shard_list.shard_of_lease)
         for name in parts:
-            self.check_up(name, leases=True)
+            self.calls.check_up(name, leases=True)
 
         async def part(name: str, backend: AsyncBackend) -> Round:
             return await self._part(name, backend, checked, parts[name], 0, deadline, False)
 
         if len(parts) == 1:  # its error as it is
             [name] = parts
-            rounds = {name: await self.on_one(name, part)}
+            rounds = {name: await self.calls.on_one(name, part)}
         else:
-            results = await self.on_many(list(parts), part)
+            results = await self.calls.on_many(list(parts), part)
             rounds = {n: r for n, r in results.items() if not isinstance(r, BaseException)}
             if failed := [name for name in results if name not in rounds]:
                 raise Unavailable(f"{what}: shard(s) {', '.join(failed)} did not answer")
@@ -389,23 +310,35 @@ class AsyncShardRouter:
                 f"least one): these are on {sorted(targets) or 'none'}"
             )
         [name] = targets
-        self.check_up(name)
+        self.calls.check_up(name)
         held = await self.moves.still_on_old_shards({m.group_id for m in messages}, deadline)
         plan = self.core.guarded(
             self.core.transaction(statements, messages), self.shard_list.epoch, sorted(held)
         )
         try:
-            return await self.on(name, plan, deadline)
+            return await self.calls.on(name, plan, deadline)
         except BackendError as exc:
             if not self.core.is_done_transaction(exc):
                 raise self.moves.stale(name, exc) from exc
-        return await self.on(name, self.core.done_transaction(messages), deadline)
+        return await self.calls.on(name, self.core.done_transaction(messages), deadline)
 
     async def schedule(self, plan: Plan[T], name: str, group_id: str, deadline: float) -> T:
         return await self.schedules.store(plan, name, group_id, deadline)
 
     async def fire_schedules(self, deadline: float) -> int:
-        return await self.schedules.fire(deadline)
+        """Each shard fires its own schedules. Also the workers' sweep of the moved groups a
+        crash left held, and of what a crashed worker left in the outboxes."""
+        await self.moves.sweep(deadline)
+        fired = await self.schedules.fire(deadline)
+        with contextlib.suppress(*NOT_ANSWERED):  # what a crashed forwarder left behind
+            await self.outbox.forward(deadline)
+        return fired
+
+    async def release_moved_groups(self, deadline: float) -> int:
+        return await self.moves.release_moved_groups(deadline)
+
+    async def shard_status(self, deadline: float) -> list[ShardStatus]:
+        return await self.moves.shard_status(deadline)
 
     async def dead(
         self, plan: Plan[int], deadline: float, *, seqs: object, shard: str | None, what: str
@@ -421,25 +354,17 @@ class AsyncShardRouter:
         if shard is None and seqs is not None and len(self.names) > 1:
             raise InvalidArgument(f"{what}: seqs are per shard: give shard= (DeadLetter.shard)")
         if shard is None and seqs is None:
-            return sum((await self.on_names(plan, deadline, what)).values())
+            return sum((await self.calls.on_names(plan, deadline, what)).values())
         name = self.names[0] if shard is None else shard
         self.backend(name)  # an unknown name is refused
-        return await self.on(name, plan, deadline)
+        return await self.calls.on(name, plan, deadline)
 
     async def nodes(self) -> list[NodeView]:
         """Each shard's nodes, named `shard/node`."""
-        results = await self._fan.all([self.backends[name].nodes for name in self.names])
-        return [
-            NodeView(f"{name}/{n.node_id}", n.api_addr, n.reachable, n.leader, n.applied_index)
-            for name, found in zip(self.names, results, strict=True)
-            if not isinstance(found, BaseException)
-            for n in found
-        ]
+        return await self.calls.nodes()
 
     async def close(self) -> None:
-        await self._fan.close()
-        for name in self.names:
-            await self.backends[name].close()
+        await self.calls.close()
 
 
 def _all_full(failed: Sequence[tuple[str, BaseException]]) -> bool:

@@ -21,7 +21,7 @@ from .._protocol.checks import check_seconds
 from .._protocol.http import redact
 from .._protocol.sharding import is_sharded_url
 from ..errors import InvalidArgument, TargetNotEmpty, TransportClosed
-from .cluster import Backend, ClusterRouter
+from .cluster import Backend
 from .queue import (
     RqliteTransport,
     ShardedTransport,
@@ -181,10 +181,10 @@ def _parts(queue: Transport, path: str | os.PathLike[str], shard: str | None) ->
 
 
 def _backend(queue: Transport) -> Backend:
-    router = queue.router
-    if not isinstance(router, ClusterRouter):
+    backend = queue.router.cluster
+    if backend is None:
         raise InvalidArgument(f"queue {queue.queue!r}: not on one cluster")
-    return router.backend
+    return backend
 
 
 def _deadline(queue: Transport, timeout: float | None) -> float:

@@ -312,8 +312,8 @@ class Backend:
 
 
 class ClusterRouter:
-    """The router of a queue on one cluster: every call goes to its one backend. (The shard
-    router, `shards.py`, has the same methods over several.)"""
+    """The router of a queue on one cluster: every call goes to its one backend. An
+    `Router` (`router.py`), as the shard router (`shards.py`) is over several."""
 
     scoped_dedup = False
     """Dedup ids are the caller's own (a sharded queue scopes them to their group)."""
@@ -323,6 +323,10 @@ class ClusterRouter:
         self.publishes: Coalescer[tuple[Sequence[NewMessage], float], list[int]]
         self.publishes = Coalescer(self._publish_calls, lambda call: len(call[0]), MAX_PUBLISH)
         """Concurrent publishes on this transport go together (group commit)."""
+
+    @property
+    def cluster(self) -> Backend:
+        return self.backend
 
     @property
     def resent(self) -> int:

@@ -9,27 +9,35 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
 
-from .._protocol.sharding import outbox_message
-from .._protocol.sql import OutboxRow
-from ..errors import OutcomeUnknown, StaleShardList, Unavailable
+from .._protocol.core import QueueCore
+from .._protocol.sharding import ShardList, outbox_message
+from .._protocol.sql import NewMessage, OutboxRow
+from .._runtime import Same
+from ..errors import StaleShardList
 from .cluster import Backend
+from .shard_calls import NOT_ANSWERED, ShardCalls
 
-if TYPE_CHECKING:
-    from .shards import ShardRouter
-
-NOT_ANSWERED = (Unavailable, OutcomeUnknown)
 OUTBOX_BATCH = 1000
 """Follow-ups forwarded from one outbox per request."""
 
+Publish = Callable[[Sequence[NewMessage], float], Same[list[int]]]
+"""How forwarded follow-ups are published (by deadline): as the queue's publishes are, each
+part on its group's shard behind the shard list's epoch, and never bounded."""
+
 
 class Outbox:
-    """The outboxes of a sharded queue, for its router."""
+    """The outboxes of a sharded queue's shards (reached by `calls`), forwarded by
+    `publish`."""
 
-    def __init__(self, router: ShardRouter) -> None:
-        self.router = router
+    def __init__(
+        self, calls: ShardCalls, shard_list: ShardList, core: QueueCore, publish: Publish
+    ) -> None:
+        self.calls = calls
+        self.shard_list = shard_list
+        self.core = core
+        self.publish = publish
         self.written: set[str] = set()
         """Shards whose outbox a round just wrote to: forwarded at its end."""
 
@@ -48,28 +56,28 @@ class Outbox:
         answer) to the shards of their groups, in the order they were written; each with a
         dedup id made from its outbox row (or its own), so a forward repeated after a lost
         reply publishes nothing twice. Returns how many were forwarded."""
-        chosen = self.router.health.live() if names is None else names
-        results = self.router.on_many(
+        chosen = self.calls.live() if names is None else names
+        results = self.calls.on_many(
             chosen, functools.partial(self._forward_from, deadline), claims=names is None
         )
         return sum(r for r in results.values() if not isinstance(r, BaseException))
 
     def _forward_from(self, deadline: float, name: str, backend: Backend) -> int:
-        rows = backend.run(self.router.core.read_outbox(OUTBOX_BATCH), deadline)
+        rows = backend.run(self.core.read_outbox(OUTBOX_BATCH), deadline)
         if not rows:
             return 0
         by_target: dict[str, list[OutboxRow]] = {}
         for row in rows:
-            target = self.router.shard_list.shard_of(row.message.group_id)
+            target = self.shard_list.shard_of(row.message.group_id)
             by_target.setdefault(target, []).append(row)
         done: list[int] = []
         for part in by_target.values():
             messages = [outbox_message(name, row) for row in part]
             try:
-                self.router.publish(messages, deadline, bounded=False)
+                self.publish(messages, deadline)
             except (*NOT_ANSWERED, StaleShardList):
                 continue  # stays in the outbox; its group's later rows wait behind it
             done += [row.id for row in part]
         if done:
-            backend.run(self.router.core.forwarded(done), deadline)
+            backend.run(self.core.forwarded(done), deadline)
         return len(done)

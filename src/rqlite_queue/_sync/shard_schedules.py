@@ -6,70 +6,56 @@ generated from it."""
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import time
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
-from .._protocol.core import Plan
+from .._protocol.core import Plan, QueueCore
+from .._protocol.sharding import ShardList
 from .._protocol.sql import ScheduleRow
-from ..errors import OutcomeUnknown, Unavailable
 from .cluster import Backend
-
-if TYPE_CHECKING:
-    from .shards import ShardRouter
+from .shard_calls import ShardCalls
 
 T = TypeVar("T")
 
-NOT_ANSWERED = (Unavailable, OutcomeUnknown)
-RELEASE_SWEEP = 1.0
-"""While the shard list changes, how often workers look for moved groups still held on their
-new shard after their old one emptied (after a crash)."""
 
+class ShardSchedules:
+    """The schedules of a sharded queue's shards (reached by `calls`), placed by
+    `shard_list`."""
 
-class SyncShardSchedules:
-    """The schedules of a sharded queue, for its router."""
-
-    def __init__(self, router: ShardRouter) -> None:
-        self.router = router
-        self._next_release_sweep = 0.0
+    def __init__(self, calls: ShardCalls, shard_list: ShardList, core: QueueCore) -> None:
+        self.calls = calls
+        self.shard_list = shard_list
+        self.core = core
 
     def store(self, plan: Plan[T], name: str, group_id: str, deadline: float) -> T:
         """Stored on the group's shard; a schedule of the same name on another shard is
         removed first (none may be down)."""
-        router = self.router
-        target = router.shard_list.shard_of(group_id)
-        others = [n for n in router.names if n != target]
+        calls = self.calls
+        target = self.shard_list.shard_of(group_id)
+        others = [n for n in calls.names if n != target]
         for other in others:
-            router.check_up(other)
+            calls.check_up(other)
         if others:
-            unschedule = router.core.unschedule(name)
-            router.on_names(unschedule, deadline, f"schedule {name!r}", others)
-        return router.on(target, plan, deadline)
+            unschedule = self.core.unschedule(name)
+            calls.on_names(unschedule, deadline, f"schedule {name!r}", others)
+        return calls.on(target, plan, deadline)
 
     def fire(self, deadline: float) -> int:
         """Each shard fires its own schedules. While the list changes, the schedules of groups
-        that move wait (their ticks are then caught up). Also the workers' sweep of what a
-        crashed worker left in the outboxes, and of moved groups left held."""
-        router = self.router
-        if router.shard_list.changing and time.monotonic() >= self._next_release_sweep:
-            self._next_release_sweep = time.monotonic() + RELEASE_SWEEP
-            router.moves.release_moved_groups(deadline)
-        results = router.answering(functools.partial(self._fire_on, deadline), True)
-        with contextlib.suppress(*NOT_ANSWERED):  # what a crashed forwarder left behind
-            router.outbox.forward(deadline)
+        that move wait (their ticks are then caught up)."""
+        results = self.calls.answering(functools.partial(self._fire_on, deadline), True)
         return sum(results.values())
 
     def _fire_on(self, deadline: float, name: str, backend: Backend) -> int:
-        router, core = self.router, self.router.core
-        due = backend.run(core.due_schedules(), router.claim_by(deadline))
+        calls, core = self.calls, self.core
+        due = backend.run(core.due_schedules(), calls.claim_by(deadline))
         fire: list[ScheduleRow] = []
         for row in due:
-            target, previous = router.shard_list.placement(row.group_id)
+            target, previous = self.shard_list.placement(row.group_id)
             if target == previous == name:
                 fire.append(row)
             elif target == previous:  # on the group's shard first, then gone from here
-                router.check_up(target)
-                router.backends[target].run(core.put_row(row), deadline)
+                calls.check_up(target)
+                calls.backend(target).run(core.put_row(row), deadline)
                 backend.run(core.unschedule(row.name), deadline)
-        return backend.run(core.fire(fire), router.claim_by(deadline)) if fire else 0
+        return backend.run(core.fire(fire), calls.claim_by(deadline)) if fire else 0

@@ -2,24 +2,22 @@
 """The router of a queue over several clusters (shards); `_sync/shards.py` is generated from it.
 A group lives on one shard (`_protocol/sharding.py`), so within a group all holds as on one
 cluster. Only what is cross-shard lives here: publishes split by shard behind the shard list's
-epoch, claim rounds gathered across shards, answers merged, the probes of a shard that stopped
-answering; changes of the shard list (`moves.py`), follow-ups to other shards (`outbox.py`)
-and schedules (`shard_schedules.py`) in modules of their own."""
+epoch, claim rounds gathered across shards, answers merged; the calls on the shards and the
+probes of one that stopped answering (`shard_calls.py`), changes of the shard list
+(`moves.py`), follow-ups to other shards (`outbox.py`) and schedules (`shard_schedules.py`) in
+modules of their own, each given what it needs (never this router)."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import functools
-import random
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TypeVar
 
 from .._protocol.core import Plan, QueueCore
 from .._protocol.params import CheckedRound, Settlement
 from .._protocol.sharding import (
-    ShardHealth,
     ShardList,
     finished_on,
     merge_rounds,
@@ -30,37 +28,36 @@ from .._protocol.sharding import (
     split_round,
 )
 from .._protocol.sql import NewMessage, Statement
-from .._runtime import LOCAL_PUBLISHES, FanOut, Same
+from .._runtime import LOCAL_PUBLISHES
 from ..errors import (
     BackendError,
     InvalidArgument,
-    OutcomeUnknown,
     PartialRound,
-    QueueError,
     QueueFull,
-    ShardDown,
     Unavailable,
 )
-from ..types import NodeView, Round
+from ..types import NodeView, Round, ShardStatus
 from .cluster import Backend, Merge
 from .moves import Moves
 from .outbox import Outbox
-from .shard_schedules import SyncShardSchedules
+from .shard_calls import NOT_ANSWERED, ShardCalls
+from .shard_schedules import ShardSchedules
 
 T = TypeVar("T")
 
-PROBE_DEADLINE = 2.0  # for a background probe of a down shard
 DEFAULT_CLAIM_DEADLINE = 2.0
 """How long a claim round waits for one shard: one that does not answer in time is skipped by
 claims (the others' leases are returned) until it answers a background probe."""
-NOT_ANSWERED = (Unavailable, OutcomeUnknown)
 
 
 class ShardRouter:
-    """Routes a queue's calls to its shards (`backends`, by name, in the list's order)."""
+    """Routes a queue's calls to its shards (`backends`, by name, in the list's order): an
+    `Router` (`router.py`)."""
 
     scoped_dedup = True
     """Dedup ids are scoped to their group: the same id in two groups is two messages."""
+    cluster: Backend | None = None
+    """Not on one cluster (a shard's backend is `backend(name)`)."""
 
     def __init__(
         self,
@@ -70,117 +67,39 @@ class ShardRouter:
         *,
         claim_deadline: float,
     ) -> None:
-        self.backends = dict(backends)
         self.shard_list = shard_list
         self.core = core
-        self.claim_deadline = claim_deadline
-        self.names = list(backends)
-        self.health = ShardHealth(self.names, random.random)
-        self._fan = FanOut(len(self.backends))
+        self.calls = ShardCalls(backends, core, claim_deadline=claim_deadline)
+        """The shards, which of them answer, and the calls on them."""
         self._turn = 0
-        self.outbox = Outbox(self)
-        self.schedules = SyncShardSchedules(self)
-        self.moves = Moves(self)
+        self.moves = Moves(self.calls, shard_list, core)
+        self.outbox = Outbox(
+            self.calls, shard_list, core, functools.partial(self.publish, bounded=False)
+        )
+        self.schedules = ShardSchedules(self.calls, shard_list, core)
+
+    @property
+    def names(self) -> list[str]:
+        return self.calls.names
+
+    @property
+    def claim_deadline(self) -> float:
+        return self.calls.claim_deadline
 
     @property
     def resent(self) -> int:
-        return sum(backend.resent for backend in self.backends.values())
+        return self.calls.resent
 
     def backend(self, name: str) -> Backend:
-        if name not in self.backends:
-            raise InvalidArgument(f"no shard named {name!r} (shards: {self.names})")
-        return self.backends[name]
-
-    # ------------------------------------------------------------------------ health
+        return self.calls.backend(name)
 
     def setup(self, deadline: float) -> None:
-        """Set every shard up; one that does not answer by `deadline` is marked down (and
-        probed in the background), unless none answers."""
-        results = self.on_many(self.names, lambda _, b: b.setup(deadline))
-        failed = [(n, r) for n, r in results.items() if isinstance(r, BaseException)]
-        if len(failed) == len(self.names):
-            raise Unavailable(f"no shard answered: {failed[0][0]}: {failed[0][1]}")
+        self.calls.setup(deadline)
 
-    def _mark_down(self, name: str, *, claims: bool = False) -> None:
-        self.health.failed(name, time.monotonic(), claims=claims)
-        self._fan.background(self._watch)
-
-    def _watch(self) -> None:
-        """The background job: probe the down shards when due, until all answer again."""
-        while self.health.down() and not self.core.closed:
-            for name in self.health.due(time.monotonic()):
-                try:
-                    plan = self.core.probe(0)
-                    self.backends[name].run(plan, time.monotonic() + PROBE_DEADLINE)
-                except QueueError:
-                    self.health.probed(name, time.monotonic(), answered=False)
-                else:
-                    self.health.probed(name, time.monotonic(), answered=True)
-            retry = self.health.next_probe()
-            if retry is None or self._fan.pause(max(0.01, retry - time.monotonic())):
-                return
-
-    def check_up(self, name: str, leases: bool = False) -> None:
-        self.health.check_up(name, time.monotonic(), leases)
-
-    def claim_by(self, deadline: float) -> float:
-        return min(deadline, time.monotonic() + self.claim_deadline)
-
-    def on(self, name: str, plan: Plan[T], deadline: float) -> T:
-        """Run `plan` on one shard (refused at once if it is down; marked down if it does
-        not answer)."""
-        return self.on_one(name, lambda _, backend: backend.run(plan, deadline))
-
-    def on_one(self, name: str, call: Callable[[str, Backend], Same[T]]) -> T:
-        self.check_up(name)
-        result = (self.on_many([name], call))[name]
-        if isinstance(result, BaseException):
-            raise result
-        return result
-
-    def on_many(
-        self,
-        names: Sequence[str],
-        call: Callable[[str, Backend], Same[T]],
-        *,
-        claims: bool = False,
-    ) -> dict[str, T | BaseException]:
-        """Run `call` on several shards at once; unavailable ones are marked down (`claims`:
-        only skipped by claims) and given as their exception. Any other error is raised."""
-        calls = [functools.partial(call, name, self.backends[name]) for name in names]
-        out: dict[str, T | BaseException] = {}
-        for name, result in zip(names, self._fan.all(calls), strict=True):
-            if isinstance(result, NOT_ANSWERED):
-                if not isinstance(result, ShardDown):  # refused at once: not a new failure
-                    self._mark_down(name, claims=claims)
-            elif isinstance(result, BaseException):
-                raise result
-            out[name] = result
-        return out
-
-    def answering(
-        self, call: Callable[[str, Backend], Same[T]], workers: bool = False
-    ) -> dict[str, T]:
-        """Run `call` on every shard that answers. `workers`: a call of the workers' loop: on
-        the shards claims go to, skipping (like claims) one that failed to answer it."""
-        names = self.health.claimable() if workers else self.health.live()
-        results = self.on_many(names, call, claims=workers)
-        if answered := {n: r for n, r in results.items() if not isinstance(r, BaseException)}:
-            return answered
-        raise Unavailable(f"queue {self.core.names.queue!r}: no shard answered")
-
-    def on_names(
-        self, plan: Plan[T], deadline: float, what: str, names: Sequence[str] | None = None
-    ) -> dict[str, T]:
-        """Run `plan` on every shard (or on `names`); Unavailable naming those that are down
-        or did not answer."""
-        targets = self.names if names is None else names
-        live = [name for name in targets if name in self.health.live()]
-        results = self.on_many(live, lambda _, backend: backend.run(plan, deadline))
-        answered = {n: r for n, r in results.items() if not isinstance(r, BaseException)}
-        if missing := [name for name in targets if name not in answered]:
-            raise Unavailable(f"{what}: shard(s) {', '.join(missing)} did not answer")
-        return answered
+    def down(self) -> list[str]:
+        """The shards that did not answer, probed in the background (down, or skipped by
+        claims)."""
+        return self.calls.down()
 
     # ------------------------------------------------------------------------ routes
 
@@ -196,20 +115,20 @@ class ShardRouter:
         """On the shard that has the group's messages. `empties`: the call may leave a moving
         group with none on its old shard, which then lets its new shard serve it."""
         name = self.moves.locate(group_id, deadline)
-        result = self.on(name, plan, deadline)
+        result = self.calls.on(name, plan, deadline)
         if empties and self.shard_list.changing and name != self.shard_list.shard_of(group_id):
             self.moves.release_if_gone({group_id}, deadline)
         return merge({name: result}, []) if merge is not None else result
 
     def everywhere(self, plan: Plan[T], deadline: float, what: str) -> list[T]:
-        return list((self.on_names(plan, deadline, what)).values())
+        return list((self.calls.on_names(plan, deadline, what)).values())
 
     def gather(
         self, plan: Plan[T], deadline: float, merge: Merge[T], *, workers: bool = False
     ) -> T:
         """From every shard that answers, merged; `workers`: as claims do (`answering`)."""
-        by = self.claim_by(deadline) if workers else deadline
-        results = self.answering(lambda _, b: b.run(plan, by), workers)
+        by = self.calls.claim_by(deadline) if workers else deadline
+        results = self.calls.answering(lambda _, b: b.run(plan, by), workers)
         return merge(results, [name for name in self.names if name not in results])
 
     def publish(
@@ -220,7 +139,7 @@ class ShardRouter:
         `bounded`: False for follow-ups forwarded from an outbox (never bounded)."""
         parts = split_by_shard(messages, lambda m: self.shard_list.shard_of(m.group_id))
         for name in parts:
-            self.check_up(name)
+            self.calls.check_up(name)
         waiting = self.moves.still_on_old_shards({m.group_id for m in messages}, deadline)
 
         def part(name: str, backend: Backend) -> list[int] | QueueFull:
@@ -239,7 +158,7 @@ class ShardRouter:
             except BackendError as exc:
                 raise self.moves.stale(name, exc) from exc
 
-        results = self.on_many(list(parts), part)
+        results = self.calls.on_many(list(parts), part)
         published = {n: r for n, r in results.items() if isinstance(r, list)}
         if published:
             LOCAL_PUBLISHES.published(self.core.names.queue)
@@ -266,7 +185,7 @@ class ShardRouter:
         one that found nothing, first asks with a read. Settlements on a shard that does not
         answer come back in `Round.unsettled` (`PartialRound`), to be sent again."""
         parts = split_round(checked, self.shard_list.shard_of_lease)
-        live = self.health.claimable()
+        live = self.calls.claimable()
         self._turn += 1
         order = rotation(live, self._turn) if live else []
         want = {order[0]: checked.n} if order and checked.n else {}
@@ -276,12 +195,12 @@ class ShardRouter:
         def part(want: Mapping[str, int], settling: bool, name: str, backend: Backend) -> Round:
             settle = settling and name in parts
             if settle:
-                self.check_up(name, leases=True)
+                self.calls.check_up(name, leases=True)
             mine = parts[name] if settle else []
-            n, by = want.get(name, 0), self.claim_by(deadline)
+            n, by = want.get(name, 0), self.calls.claim_by(deadline)
             return self._part(name, backend, checked, mine, n, by, probe=not settle)
 
-        results = self.on_many(first, functools.partial(part, want, True), claims=True)
+        results = self.calls.on_many(first, functools.partial(part, want, True), claims=True)
         forwarded = self.outbox.forward_soon(deadline)
         rounds = {n: r for n, r in results.items() if not isinstance(r, BaseException)}
         unsettled = [s for n in results if n not in rounds for s in parts.get(n, ())]
@@ -290,12 +209,12 @@ class ShardRouter:
         }
         remaining = checked.n - sum(len(r.leases) for r in rounds.values())
         while remaining > 0:  # the shards not asked yet, or that filled their share, for more
-            ask = [n for n in order if n not in exhausted and n in self.health.claimable()]
+            ask = [n for n in order if n not in exhausted and n in self.calls.claimable()]
             more_want = shares(remaining, ask) if ask else {}
             ask = [name for name in ask if more_want[name]]
             if not ask:
                 break
-            more = self.on_many(ask, functools.partial(part, more_want, False), claims=True)
+            more = self.calls.on_many(ask, functools.partial(part, more_want, False), claims=True)
             for name, extra in more.items():
                 if isinstance(extra, BaseException) or len(extra.leases) < more_want[name]:
                     exhausted.add(name)
@@ -303,7 +222,7 @@ class ShardRouter:
                     remaining -= len(extra.leases)
                     old = rounds.get(name, Round())
                     rounds[name] = Round([*old.leases, *extra.leases], old.lost, old.extended)
-        if checked.n and not rounds and not self.health.claimable():
+        if checked.n and not rounds and not self.calls.claimable():
             raise Unavailable(f"queue {self.core.names.queue!r}: no shard answers")
         if self.shard_list.changing:
             # On failure left held: the next settlement or release_moved_groups() frees them.
@@ -325,16 +244,16 @@ class ShardRouter:
         lease's shard; when only one shard is concerned, its error is raised as it is."""
         parts = split_round(checked, self.shard_list.shard_of_lease)
         for name in parts:
-            self.check_up(name, leases=True)
+            self.calls.check_up(name, leases=True)
 
         def part(name: str, backend: Backend) -> Round:
             return self._part(name, backend, checked, parts[name], 0, deadline, False)
 
         if len(parts) == 1:  # its error as it is
             [name] = parts
-            rounds = {name: self.on_one(name, part)}
+            rounds = {name: self.calls.on_one(name, part)}
         else:
-            results = self.on_many(list(parts), part)
+            results = self.calls.on_many(list(parts), part)
             rounds = {n: r for n, r in results.items() if not isinstance(r, BaseException)}
             if failed := [name for name in results if name not in rounds]:
                 raise Unavailable(f"{what}: shard(s) {', '.join(failed)} did not answer")
@@ -386,23 +305,35 @@ class ShardRouter:
                 f"least one): these are on {sorted(targets) or 'none'}"
             )
         [name] = targets
-        self.check_up(name)
+        self.calls.check_up(name)
         held = self.moves.still_on_old_shards({m.group_id for m in messages}, deadline)
         plan = self.core.guarded(
             self.core.transaction(statements, messages), self.shard_list.epoch, sorted(held)
         )
         try:
-            return self.on(name, plan, deadline)
+            return self.calls.on(name, plan, deadline)
         except BackendError as exc:
             if not self.core.is_done_transaction(exc):
                 raise self.moves.stale(name, exc) from exc
-        return self.on(name, self.core.done_transaction(messages), deadline)
+        return self.calls.on(name, self.core.done_transaction(messages), deadline)
 
     def schedule(self, plan: Plan[T], name: str, group_id: str, deadline: float) -> T:
         return self.schedules.store(plan, name, group_id, deadline)
 
     def fire_schedules(self, deadline: float) -> int:
-        return self.schedules.fire(deadline)
+        """Each shard fires its own schedules. Also the workers' sweep of the moved groups a
+        crash left held, and of what a crashed worker left in the outboxes."""
+        self.moves.sweep(deadline)
+        fired = self.schedules.fire(deadline)
+        with contextlib.suppress(*NOT_ANSWERED):  # what a crashed forwarder left behind
+            self.outbox.forward(deadline)
+        return fired
+
+    def release_moved_groups(self, deadline: float) -> int:
+        return self.moves.release_moved_groups(deadline)
+
+    def shard_status(self, deadline: float) -> list[ShardStatus]:
+        return self.moves.shard_status(deadline)
 
     def dead(
         self, plan: Plan[int], deadline: float, *, seqs: object, shard: str | None, what: str
@@ -418,25 +349,17 @@ class ShardRouter:
         if shard is None and seqs is not None and len(self.names) > 1:
             raise InvalidArgument(f"{what}: seqs are per shard: give shard= (DeadLetter.shard)")
         if shard is None and seqs is None:
-            return sum((self.on_names(plan, deadline, what)).values())
+            return sum((self.calls.on_names(plan, deadline, what)).values())
         name = self.names[0] if shard is None else shard
         self.backend(name)  # an unknown name is refused
-        return self.on(name, plan, deadline)
+        return self.calls.on(name, plan, deadline)
 
     def nodes(self) -> list[NodeView]:
         """Each shard's nodes, named `shard/node`."""
-        results = self._fan.all([self.backends[name].nodes for name in self.names])
-        return [
-            NodeView(f"{name}/{n.node_id}", n.api_addr, n.reachable, n.leader, n.applied_index)
-            for name, found in zip(self.names, results, strict=True)
-            if not isinstance(found, BaseException)
-            for n in found
-        ]
+        return self.calls.nodes()
 
     def close(self) -> None:
-        self._fan.close()
-        for name in self.names:
-            self.backends[name].close()
+        self.calls.close()
 
 
 def _all_full(failed: Sequence[tuple[str, BaseException]]) -> bool:

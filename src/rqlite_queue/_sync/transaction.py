@@ -9,16 +9,14 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._protocol.core import QueueCore
 from .._protocol.params import GivenMessage, Message
 from .._protocol.sql import NewMessage, Params, Statement
 from ..errors import InvalidArgument
 from ..types import PublishItem
-
-if TYPE_CHECKING:
-    from .queue import Router
+from .router import Router
 
 
 @dataclass

@@ -1,0 +1,107 @@
+"""How a queue reaches its cluster(s): the interface the queue (`queue.py`) and its
+transactions (`transaction.py`) are written against. Two routers implement it: the router of a
+queue on one cluster (`cluster.AsyncClusterRouter`: every call to its one backend) and the
+router of a sharded queue (`shards.AsyncShardRouter`: each call to the shard or shards it
+concerns, answers merged). This file is the source; `_sync/router.py` is generated from it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, TypeVar
+
+from .._protocol.core import Plan
+from .._protocol.params import CheckedRound
+from .._protocol.sql import NewMessage, Statement
+from ..types import NodeView, Round
+from .cluster import AsyncBackend, Merge
+
+T = TypeVar("T")
+
+
+class AsyncRouter(Protocol):
+    """Each method takes its call's plan (or checked arguments) and its deadline (a
+    `time.monotonic()` time)."""
+
+    @property
+    def scoped_dedup(self) -> bool:
+        """Whether dedup ids are scoped to their group (a sharded queue's are: the same id in
+        two groups is two messages) or the caller's own."""
+        ...
+
+    @property
+    def cluster(self) -> AsyncBackend | None:
+        """The backend of a queue on one cluster (for a backup, a publish on the caller's
+        connection, a shard given to a sharded queue); None on shards."""
+        ...
+
+    @property
+    def resent(self) -> int:
+        """Batches sent again after an unknown outcome (for tests and metrics)."""
+        ...
+
+    async def setup(self, deadline: float) -> None:
+        """Create or upgrade the tables (on a sharded queue: of every shard that answers)."""
+        ...
+
+    async def on_group(
+        self,
+        group_id: str,
+        plan: Plan[T],
+        deadline: float,
+        *,
+        merge: Merge[T] | None = None,
+        empties: bool = False,
+    ) -> T:
+        """Where the group's messages are. `empties`: the call may leave a moving group with
+        none on its old shard."""
+        ...
+
+    async def everywhere(self, plan: Plan[T], deadline: float, what: str) -> list[T]:
+        """On every shard, each answer (`what` names the call in errors)."""
+        ...
+
+    async def gather(
+        self, plan: Plan[T], deadline: float, merge: Merge[T], *, workers: bool = False
+    ) -> T:
+        """From every shard that answers, merged; `workers`: a call of the workers' loop."""
+        ...
+
+    async def publish(
+        self, messages: Sequence[NewMessage], deadline: float, *, bounded: bool = True
+    ) -> list[int]:
+        """The seqs of `messages`; `bounded`: False for follow-ups forwarded from an outbox."""
+        ...
+
+    async def round(
+        self, checked: CheckedRound, deadline: float, *, probe_when_idle: bool
+    ) -> Round:
+        """A Worker's round: its settlements and its claim, in one round trip per cluster."""
+        ...
+
+    async def settle(self, checked: CheckedRound, deadline: float, what: str) -> Round:
+        """Settlements alone (`ack`, `nack`, `extend`, `dead_letter`, `ack_many`)."""
+        ...
+
+    async def schedule(self, plan: Plan[T], name: str, group_id: str, deadline: float) -> T:
+        """Store a schedule (on its group's shard)."""
+        ...
+
+    async def fire_schedules(self, deadline: float) -> int:
+        """Fire the schedules that are due; how many ticks were published."""
+        ...
+
+    async def dead(
+        self, plan: Plan[int], deadline: float, *, seqs: object, shard: str | None, what: str
+    ) -> int:
+        """Requeue or purge dead letters (those seqs of `shard` on a sharded queue)."""
+        ...
+
+    async def transaction(
+        self, statements: Sequence[Statement], messages: Sequence[NewMessage], deadline: float
+    ) -> list[int]:
+        """The caller's statements and publishes, as one transaction; the publishes' seqs."""
+        ...
+
+    async def nodes(self) -> list[NodeView]: ...
+
+    async def close(self) -> None: ...
