@@ -10,8 +10,9 @@ aliases in kombu's table of transports), with `broker_url` set to:
   node);
 - or any URL `from_url` takes (a sharded one too) as the `url` transport option.
 
-kombu 5.7 refuses a dotted URL scheme (`rqlite_queue.kombu:Transport://...` raises
-`ValueError: Invalid transport scheme`); without the import, name the class instead:
+kombu 5.7 refuses a dotted URL scheme (`rqlite.queue://...` raises `ValueError: Invalid
+transport scheme`; `rqlite_queue.kombu:Transport://...` is no URL scheme at all, `KeyError: 'No
+such transport: '`); without the import, name the class instead:
 `broker_transport = "rqlite_queue.kombu:Transport"` with `broker_url = "rqlite://host:4001"`.
 
 How kombu's model maps onto the queue:
@@ -79,6 +80,16 @@ MAX_CLAIM = 100
 """Most messages one poll claims (when the consumer's prefetch does not say)."""
 GROUP_PROPERTY = "MessageGroupId"
 DEDUP_PROPERTY = "MessageDeduplicationId"
+TRANSPORT_OPTIONS: dict[str, Any] = {
+    "visibility_timeout": DEFAULT_VISIBILITY,
+    "polling_interval": 0.05,
+    "group_header": GROUP_PROPERTY,
+    "priority_floor": None,
+    "queue_name_prefix": "",
+    "url": None,
+}
+"""The transport options this transport reads (`broker_transport_options`), with their
+defaults (docs/reference/configuration.md); and `QUEUE_OPTIONS`, given on to `from_url`."""
 QUEUE_OPTIONS = (
     "timeout",
     "deadline",
@@ -182,10 +193,10 @@ class Channel(virtual.Channel):
         self._stop = threading.Event()
         super().__init__(connection, **kwargs)
         self.transport = connection
-        options = connection.client.transport_options
-        self.visibility = float(options.get("visibility_timeout") or DEFAULT_VISIBILITY)
-        self.group_header = str(options.get("group_header") or GROUP_PROPERTY)
-        floor = options.get("priority_floor")
+        options = {**TRANSPORT_OPTIONS, **connection.client.transport_options}
+        self.visibility = float(options["visibility_timeout"])
+        self.group_header = str(options["group_header"])
+        floor = options["priority_floor"]
         self.priority_floor: int | None = None if floor is None else int(floor)
         self.worker_id = f"{socket.gethostname()}-kombu-{uuid.uuid4().hex[:8]}"
 
@@ -493,7 +504,7 @@ class Transport(virtual.Transport):
     default_port = DEFAULT_PORT
     driver_type = "rqlite"
     driver_name = "rqlite-queue"
-    polling_interval = 0.05
+    polling_interval = TRANSPORT_OPTIONS["polling_interval"]
     """Seconds an idle consumer waits between polls (a poll after an empty one is a read)."""
     implements = virtual.Transport.implements.extend(
         asynchronous=False, exchange_type=frozenset(["direct", "topic"]), heartbeats=False

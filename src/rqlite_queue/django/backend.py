@@ -25,6 +25,22 @@ DEFAULT_URL = "sqlite:///django-tasks.db"
 the settings have one, else the working directory)."""
 
 
+BACKEND_OPTIONS: dict[str, Any] = {
+    "url": None,
+    "queue_prefix": "",
+    "queue_options": {},
+    "concurrency": 4,
+    "max_attempts": 3,
+    "visibility": 30.0,
+    "backoff": {},
+    "non_retryable": [],
+    "grace": 30.0,
+    "schedules": {},
+}
+"""The OPTIONS the backend and its worker read, with their defaults
+(docs/reference/configuration.md)."""
+
+
 def queue_priority(priority: int) -> int:
     """Django's priority (-100 to 100, default 0) on the queue's scale (0-4): 0 and below are
     the queue's default, 0; above it, a band of 25 per level (1-25: 1, ..., 76-100: 4)."""

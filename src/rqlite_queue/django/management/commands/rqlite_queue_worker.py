@@ -13,7 +13,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.utils.module_loading import import_string
 
 from ....worker import Backoff, Worker
-from ...backend import RqliteQueueBackend
+from ...backend import BACKEND_OPTIONS, RqliteQueueBackend
 from ...compat import task_backends
 from ...runner import TaskRunner
 from ...schedules import install_schedules
@@ -52,11 +52,12 @@ class Command(BaseCommand):
         queues = (
             options["queue_name"].split(",") if options["queue_name"] else sorted(backend.queues)
         )
-        concurrency = options["concurrency"] or int(settings.get("concurrency", 4))
-        max_attempts = options["max_attempts"] or int(settings.get("max_attempts", 3))
-        visibility = options["visibility"] or float(settings.get("visibility", 30.0))
-        non_retryable = tuple(import_string(path) for path in settings.get("non_retryable", ()))
-        backoff = Backoff(**settings.get("backoff", {}))
+        option = {**BACKEND_OPTIONS, **settings}
+        concurrency = options["concurrency"] or int(option["concurrency"])
+        max_attempts = options["max_attempts"] or int(option["max_attempts"])
+        visibility = options["visibility"] or float(option["visibility"])
+        non_retryable = tuple(import_string(path) for path in option["non_retryable"])
+        backoff = Backoff(**option["backoff"])
         install_schedules(backend)
         worker_id = options["worker_id"] or f"{socket.gethostname()}-{os.getpid()}"
         runner = TaskRunner(
@@ -72,7 +73,7 @@ class Command(BaseCommand):
                 backoff=backoff,
                 non_retryable=non_retryable,
                 worker_id=worker_id,
-                grace=float(settings.get("grace", 30.0)),
+                grace=float(option["grace"]),
             )
             for name in queues
         ]
