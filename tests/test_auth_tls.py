@@ -60,8 +60,11 @@ def test_wrong_credentials_fail_at_once_without_retrying(
 ) -> None:
     q = RqliteTransport(auth_cluster.url, queue="auth2", auth=auth)
     start = time.monotonic()
-    with pytest.raises(AuthError):
+    with pytest.raises(AuthError) as refused:
         q.publish("g", 1)
+    # the node that refused, and what to check
+    assert str(refused.value).startswith(f"{auth_cluster.urls[0]}: rqlite refused the credentials")
+    assert "check the URL's user and password" in str(refused.value)
     assert time.monotonic() - start < 2
     assert q.client.requests == 1
     q.close()
@@ -87,5 +90,10 @@ def test_tls_with_a_ca_file(tls_cluster: Cluster) -> None:
 
 
 def test_tls_with_an_unknown_ca_is_refused(tls_cluster: Cluster) -> None:
-    with pytest.raises(Unavailable, match=r"(?i)certificate"):
+    with pytest.raises(Unavailable, match=r"(?i)certificate") as refused:
         RqliteTransport(tls_cluster.url, queue="tls2", deadline=1).setup()
+    # what each node did, by URL: the handshake failed (issue 36)
+    assert refused.value.nodes, str(refused.value)
+    for url, seen in refused.value.nodes.items():
+        assert url in tls_cluster.urls and (seen.startswith("TLS: ") or seen == "not tried")
+    assert "TLS: " in str(refused.value)

@@ -3,7 +3,8 @@ says whether the call applied, and so what to do next:
 
 - not applied, fix the input: `InvalidArgument` (`PayloadTooLarge`, `EncodeError`,
   `InvalidHeaders`);
-- not applied, retry later: `Unavailable` (`NoLeader`, `ShardDown`), `QueueFull`;
+- not applied, retry later: `Unavailable` (`NoLeader`, `ShardDown`, `NothingListens`),
+  `QueueFull`;
 - may have applied: `OutcomeUnknown` (retry only what is safe to repeat);
 - partly applied: `PartialRound` (resend what it lists);
 - not applied, and retrying cannot help: `LeaseLost` (drop the result), `StaleShardList`,
@@ -11,7 +12,7 @@ says whether the call applied, and so what to do next:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -90,9 +91,32 @@ class BackendError(QueueError):
     database: not worth retrying as it is."""
 
 
+REFUSED = "connection refused"
+"""What `Unavailable.nodes` says of a node that accepted no connection (nothing listens)."""
+
+
 class Unavailable(QueueError):
     """Not applied: no node could be reached, or none could commit, within the deadline.
-    Safe to retry later."""
+    Safe to retry later. `nodes`: when the cluster's nodes were tried, what each did at its
+    last attempt, by URL (never with credentials): `"connection refused"`, `"timed out
+    connecting"`, `"no reply (timed out)"`, `"TLS: ..."`, `"no leader: ..."`, `"not tried"`..."""
+
+    def __init__(self, message: str = "", nodes: Mapping[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.nodes: dict[str, str] = dict(nodes or {})
+
+    @property
+    def refused(self) -> bool:
+        """Every node refused the connection: nothing listens at any of the URL's addresses
+        (a cluster that is not running, or a wrong port)."""
+        return bool(self.nodes) and all(seen == REFUSED for seen in self.nodes.values())
+
+
+class NothingListens(Unavailable):
+    """Every node of the cluster refused connections, and none had ever accepted one, for
+    the transport's `refused_timeout`: nothing listens at the URL (the cluster is not
+    running, or the port is wrong). Not applied; raised at once instead of after the
+    deadline (`refused_timeout=None`, the default: never)."""
 
 
 class NoLeader(Unavailable):

@@ -24,7 +24,7 @@ from rqlite_queue._protocol.http import (
     exchange,
 )
 from rqlite_queue._protocol.sql import Result
-from rqlite_queue.errors import AuthError, NoLeader
+from rqlite_queue.errors import REFUSED, AuthError, NoLeader, NothingListens
 
 OK = HttpReply(200, json.dumps({"results": [{"rows_affected": 1}]}).encode())
 NO_LEADER = HttpReply(503, b"leader not found")
@@ -46,7 +46,7 @@ class Clock:
 
 
 def drive(
-    outcomes: Iterator[Outcome],
+    outcomes: Iterator[Outcome] | Callable[[Send], Outcome],
     *,
     write: bool = True,
     deadline: float = 5.0,
@@ -55,6 +55,8 @@ def drive(
     request_time: Callable[[Send], float] = lambda send: 0.01,
     patience: float | None = None,
     clock: Clock | None = None,
+    names: tuple[str, ...] = (),
+    refused_patience: float | None = None,
 ) -> tuple[list[Result] | BaseException, list[Send | Sleep], Clock, Nodes]:
     """Run one exchange; each Send takes `request_time(send)` (never more than its timeout),
     each Sleep its seconds. Returns the results or the exception, the actions, the clock."""
@@ -69,6 +71,8 @@ def drive(
         monotonic=clock,
         jitter=jitter,
         patience=patience,
+        names=names,
+        refused_patience=refused_patience,
     )
     actions: list[Send | Sleep] = []
     try:
@@ -77,7 +81,8 @@ def drive(
             actions.append(action)
             if isinstance(action, Send):
                 clock.now += min(request_time(action), action.timeout)
-                action = steps.send(next(outcomes))
+                outcome = outcomes(action) if callable(outcomes) else next(outcomes)
+                action = steps.send(outcome)
             else:
                 clock.now += action.seconds
                 action = steps.send(None)
@@ -268,3 +273,94 @@ def test_a_write_that_cannot_be_resent_is_given_the_whole_timeout() -> None:
     request = HttpRequest("/db/request?transaction", b"x", 1)
     assert state.patience(request, None, 0, final=True) == 10.0
     assert state.patience(request, 2.0, 0, final=True) == 10.0
+
+
+# ------------------------------------------------------------ what the give-up error says
+
+URLS = ("http://h1:4001", "http://h2:4001", "http://h3:4001")
+REFUSAL = NotSent("[Errno 111] Connection refused", REFUSED)
+
+
+def test_the_error_after_the_deadline_says_what_each_node_did() -> None:
+    """Issue 36: not "the deadline passed before any request was sent", but each node's
+    last answer, by its URL."""
+    answers = [REFUSAL, NoReply("read timed out", "no reply within 1.0s"), NO_LEADER]
+    result, _, _, _ = drive(lambda send: answers[send.node], write=False, deadline=3.0, names=URLS)
+    assert isinstance(result, NoLeader)
+    assert result.nodes == {
+        "http://h1:4001": REFUSED,
+        "http://h2:4001": "no reply within 1.0s",
+        "http://h3:4001": "leader not found",
+    }
+    assert str(result) == (
+        "no rqlite node took the request: http://h1:4001: connection refused; "
+        "http://h2:4001: no reply within 1.0s; http://h3:4001: leader not found"
+    )
+    assert not result.refused
+
+
+def test_a_call_with_no_time_left_says_what_the_nodes_did_last() -> None:
+    nodes = Nodes(1, jitter)
+    first, _, clock, _ = drive(iter([REFUSAL] * 100), nodes=nodes, deadline=1.0, names=URLS[:1])
+    assert isinstance(first, Unavailable) and first.refused
+    late, actions, _, _ = drive(
+        iter([]), nodes=nodes, clock=clock, deadline=MIN_ATTEMPT / 2, names=URLS[:1]
+    )
+    assert actions == [] and isinstance(late, Unavailable)
+    assert "before any request was sent" not in str(late)
+    assert str(late) == (
+        "nothing answers at http://h1:4001 (connection refused): is the cluster running?"
+    )
+
+
+def test_wrong_credentials_name_the_node() -> None:
+    result, _, _, _ = drive(iter([UNAUTHORIZED]), names=URLS)
+    assert isinstance(result, AuthError)
+    assert str(result).startswith("http://h1:4001: rqlite refused the credentials (HTTP 401)")
+
+
+# ------------------------------------------------- a cluster that refuses every connection
+
+
+def test_every_node_refusing_for_the_patience_raises_nothing_listens() -> None:
+    result, actions, clock, _ = drive(
+        iter([REFUSAL] * 1000), deadline=15.0, names=URLS, refused_patience=0.5
+    )
+    assert isinstance(result, NothingListens) and result.refused
+    assert 100.5 <= clock.now < 101.5  # not the deadline, 15 s
+    assert {s.node for s in sends(actions)} == {0, 1, 2}
+    assert str(result).startswith("nothing answers at http://h1:4001, http://h2:4001, ")
+
+
+@pytest.mark.parametrize(
+    "other",
+    [NoReply("read timed out", "no reply within 1.0s"), NO_LEADER, NotSent("x", "timed out")],
+    ids=["timed out", "no leader", "connect timeout"],
+)
+def test_one_node_that_does_not_refuse_keeps_the_deadline(other: Outcome) -> None:
+    """Only refusals everywhere are an answer: a node that times out, or has no leader yet,
+    may come through (the call is a read: a write's lost reply raises OutcomeUnknown)."""
+    answers = [REFUSAL, other, REFUSAL]
+    result, _, clock, _ = drive(
+        lambda send: answers[send.node], write=False, deadline=5.0, names=URLS, refused_patience=0.5
+    )
+    assert not isinstance(result, NothingListens)
+    assert clock.now > 104.0
+
+
+def test_a_cluster_once_reached_keeps_its_failover_patience() -> None:
+    """A Worker's transport answered at its first contact: a node (or all of them) refusing
+    later, during a restart or an election, is tried again until the deadline."""
+    nodes = Nodes(1, jitter)
+    first, _, clock, _ = drive(iter([OK]), nodes=nodes, refused_patience=0.5)
+    assert isinstance(first, list) and nodes.reached
+    result, _, clock, _ = drive(
+        iter([REFUSAL] * 8 + [OK]), nodes=nodes, clock=clock, deadline=15, refused_patience=0.5
+    )
+    assert isinstance(result, list)
+
+
+def test_without_a_refused_patience_refusals_are_tried_until_the_deadline() -> None:
+    result, _, clock, _ = drive(iter([REFUSAL] * 1000), deadline=5.0, names=URLS)
+    assert isinstance(result, Unavailable) and not isinstance(result, NothingListens)
+    assert result.refused and clock.now > 104.0

@@ -27,6 +27,7 @@ class AsyncRqliteClient(ClientState):
         timeout: float,
         skew_warning: float = 1.0,
         clock: Callable[[], float] = time.time,
+        refused_timeout: float | None = None,
     ) -> None:
         super().__init__(
             endpoints,
@@ -35,6 +36,7 @@ class AsyncRqliteClient(ClientState):
             clock=clock,
             monotonic=time.monotonic,
             random=random.random,
+            refused_timeout=refused_timeout,
         )
 
     async def execute(
@@ -77,6 +79,8 @@ class AsyncRqliteClient(ClientState):
             deadline=deadline,
             monotonic=self.monotonic,
             jitter=self.random,
+            names=self.endpoints.urls,
+            refused_patience=self.refused_timeout,
         )
         action = next(steps)
         while True:

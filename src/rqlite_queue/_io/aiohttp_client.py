@@ -23,7 +23,7 @@ from .._protocol.http import (
     Send,
     request_headers,
 )
-from .sockets import open_socket
+from .sockets import connect_failure, open_socket
 
 CONNECT_SHARE = 0.9
 
@@ -37,8 +37,15 @@ class AiohttpClient(AsyncRqliteClient):
         verify: bool | str = True,  # or the path of a CA file
         skew_warning: float = 1.0,
         clock: Callable[[], float] = time.time,
+        refused_timeout: float | None = None,
     ) -> None:
-        super().__init__(endpoints, timeout=timeout, skew_warning=skew_warning, clock=clock)
+        super().__init__(
+            endpoints,
+            timeout=timeout,
+            skew_warning=skew_warning,
+            clock=clock,
+            refused_timeout=refused_timeout,
+        )
         self._ssl: ssl.SSLContext | bool = True
         if isinstance(verify, str):
             self._ssl = ssl.create_default_context(cafile=verify)
@@ -85,10 +92,16 @@ class AiohttpClient(AsyncRqliteClient):
                 allow_redirects=False,
             ) as response:
                 content = await response.read()
-        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
-            return NotSent(str(exc))
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            return NoReply(repr(exc))
+        except aiohttp.ClientConnectorCertificateError as exc:
+            return NotSent(str(exc), connect_failure(exc.certificate_error))
+        except aiohttp.ClientConnectorError as exc:
+            return NotSent(str(exc), connect_failure(exc.os_error))
+        except aiohttp.ConnectionTimeoutError as exc:
+            return NotSent(str(exc), connect_failure(TimeoutError()))
+        except (aiohttp.ServerTimeoutError, TimeoutError) as exc:
+            return NoReply(repr(exc), f"no reply within {send.timeout:.1f}s")
+        except (aiohttp.ClientError, OSError) as exc:
+            return NoReply(repr(exc), "connection dropped")
         return HttpReply(
             response.status, content, response.headers.get("Date"), sent_at, self.clock()
         )

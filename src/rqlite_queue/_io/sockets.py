@@ -7,6 +7,9 @@ transport's business (`_protocol.http.ClientState.patience`), not the socket's."
 from __future__ import annotations
 
 import socket
+import ssl
+
+from ..errors import REFUSED
 
 KEEPALIVE_IDLE = 5
 KEEPALIVE_INTERVAL = 2
@@ -36,3 +39,21 @@ def open_socket(addr_info: tuple[object, ...]) -> socket.socket:
     for level, option, value in options():
         sock.setsockopt(level, option, value)
     return sock
+
+
+def connect_failure(error: BaseException | None) -> str:
+    """Why a connection could not be made, in a few words (for the give-up errors, which say
+    what each node did)."""
+    if isinstance(error, ConnectionRefusedError):
+        return REFUSED
+    if isinstance(error, socket.gaierror):
+        return "cannot resolve the host name"
+    if isinstance(error, ssl.SSLCertVerificationError):
+        return f"TLS: {error.verify_message or error.reason or 'certificate verify failed'}"
+    if isinstance(error, ssl.SSLError):
+        return f"TLS: {error.reason or error}"
+    if isinstance(error, TimeoutError):
+        return "timed out connecting"
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror[:1].lower() + error.strerror[1:]  # "no route to host"
+    return "cannot connect"

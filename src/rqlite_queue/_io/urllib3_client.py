@@ -11,7 +11,13 @@ from typing import Any
 
 import urllib3
 from urllib3.connection import HTTPConnection
-from urllib3.exceptions import ConnectTimeoutError, HTTPError, NewConnectionError, SSLError
+from urllib3.exceptions import (
+    ConnectTimeoutError,
+    HTTPError,
+    NewConnectionError,
+    ReadTimeoutError,
+    SSLError,
+)
 
 from .._protocol.backup import Transfer
 from .._protocol.http import (
@@ -25,6 +31,7 @@ from .._protocol.http import (
     request_headers,
 )
 from .._sync.rqlite_client import RqliteClient
+from .sockets import connect_failure
 from .sockets import options as sockets_options
 
 
@@ -37,8 +44,15 @@ class Urllib3Client(RqliteClient):
         verify: bool | str = True,  # or the path of a CA file
         skew_warning: float = 1.0,
         clock: Callable[[], float] = time.time,
+        refused_timeout: float | None = None,
     ) -> None:
-        super().__init__(endpoints, timeout=timeout, skew_warning=skew_warning, clock=clock)
+        super().__init__(
+            endpoints,
+            timeout=timeout,
+            skew_warning=skew_warning,
+            clock=clock,
+            refused_timeout=refused_timeout,
+        )
         self._headers = request_headers(endpoints)
         tls: dict[str, ssl.SSLContext] = {}
         if any(url.startswith("https") for url in endpoints.urls):
@@ -83,13 +97,20 @@ class Urllib3Client(RqliteClient):
                 redirect=False,
             )
         except (NewConnectionError, ConnectTimeoutError) as exc:
-            return NotSent(str(exc))
+            why = exc.__cause__ if exc.__cause__ is not None else TimeoutError()
+            return NotSent(str(exc), connect_failure(why))
         except SSLError as exc:
-            if isinstance(exc.args[0] if exc.args else None, ssl.SSLCertVerificationError):
-                return NotSent(repr(exc))  # the handshake failed: nothing was sent
-            return NoReply(repr(exc))
+            error = exc.args[0] if exc.args else None
+            if isinstance(error, ssl.SSLCertVerificationError):
+                # the handshake failed: nothing was sent
+                return NotSent(repr(exc), connect_failure(error))
+            return NoReply(
+                repr(exc), connect_failure(error if isinstance(error, ssl.SSLError) else exc)
+            )
+        except ReadTimeoutError as exc:
+            return NoReply(repr(exc), f"no reply within {send.timeout:.1f}s")
         except (HTTPError, OSError) as exc:
-            return NoReply(repr(exc))
+            return NoReply(repr(exc), "connection dropped")
         return HttpReply(
             response.status, response.data, response.headers.get("Date"), sent_at, self.clock()
         )

@@ -24,7 +24,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import AuthError, BackendError, InvalidArgument, SchemaError, Unavailable
-from .http import HttpReply, Nodes, NoReply, NotSent, Outcome, Send, Sleep
+from .http import (
+    HttpReply,
+    Nodes,
+    NoReply,
+    NotSent,
+    Outcome,
+    Send,
+    Sleep,
+    gave_up,
+    nothing_listens,
+)
 from .retry import FAILOVER, MIN_ATTEMPT, Retry
 from .sql import SCHEMA_VERSION, Batch, Statement
 
@@ -164,18 +174,25 @@ def transfer(
     deadline: float,
     monotonic: Callable[[], float],
     jitter: Callable[[], float],
+    names: Sequence[str] = (),
+    refused_patience: float | None = None,
 ) -> Generator[Send | Sleep, Outcome | None, bytes]:
     """Send `request` until a node answers it with 200, or `deadline` passes; returns the
     reply's body. Every failure but a refusal (credentials, a bad request) moves on to the
     next node and tries again after a backoff: both transfers are safe to send again. An
     attempt may take all the time left (a large file's transfer is not cut short only to be
-    started again)."""
+    started again). Given up, the error says what each node did (as `http.exchange`'s,
+    `refused_patience` too)."""
     retry = Retry(FAILOVER, deadline, jitter)
     last: Unavailable | None = None
+    tried: dict[int, str] = {}
+    started = monotonic()
     while True:
         left = deadline - monotonic()
         if left < MIN_ATTEMPT:
-            raise last or Unavailable(f"rqlite {request.what}: the deadline passed")
+            if last is None:
+                raise Unavailable(f"rqlite {request.what}: the deadline passed")
+            raise gave_up(last, nodes.report(names, tried))
         node = nodes.current
         outcome = yield Send(node, left)
         if isinstance(outcome, HttpReply):
@@ -193,15 +210,20 @@ def transfer(
                     f"rqlite refused the {request.what}: HTTP {outcome.status}: {text}"
                 )
             last = Unavailable(f"rqlite {request.what}: HTTP {outcome.status}: {text}")
+            tried[node] = nodes.seen[node] = f"HTTP {outcome.status}: {text[:80]}"
             nodes.moved_on(node, monotonic())
         elif isinstance(outcome, NotSent | NoReply):
             last = Unavailable(f"rqlite {request.what}: node {node + 1}: {outcome.error}")
+            tried[node] = nodes.seen[node] = outcome.cause
+            nodes.reached = nodes.reached or isinstance(outcome, NoReply)
             nodes.failed(node, monotonic())
+            if nodes.nothing_listens(tried, refused_patience, monotonic() - started):
+                raise nothing_listens(nodes.report(names, tried))
         else:
             raise TypeError(f"transfer was sent {outcome!r}")
         wait = retry.wait(monotonic())
         if wait is None:
-            raise last
+            raise gave_up(last, nodes.report(names, tried))
         yield Sleep(wait)
 
 

@@ -14,17 +14,19 @@ import base64
 import json
 import logging
 import re
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from ..errors import (
+    REFUSED,
     AuthError,
     BackendError,
     InvalidArgument,
     NoLeader,
+    NothingListens,
     OutcomeUnknown,
     Unavailable,
 )
@@ -149,16 +151,20 @@ class HttpReply:
 
 @dataclass(frozen=True, slots=True)
 class NotSent:
-    """The request never reached the node (cannot connect): certainly not applied."""
+    """The request never reached the node (cannot connect): certainly not applied. `cause`:
+    why, in a few words (`errors.REFUSED`, "timed out connecting", "TLS: ...")."""
 
     error: str
+    cause: str = "cannot connect"
 
 
 @dataclass(frozen=True, slots=True)
 class NoReply:
-    """The request was sent, and no reply came (timeout, connection dropped)."""
+    """The request was sent, and no reply came (timeout, connection dropped). `cause`: which,
+    in a few words."""
 
     error: str
+    cause: str = "no reply"
 
 
 Outcome = HttpReply | NotSent | NoReply
@@ -194,6 +200,11 @@ class Nodes:
     current: int = 0
     suspects: dict[int, tuple[float, int]] = field(default_factory=dict)
     """node -> (suspected until, failures in a row)."""
+    seen: dict[int, str] = field(default_factory=dict)
+    """node -> what it did at its last failed attempt, in words (for the errors: forgotten
+    once it answers)."""
+    reached: bool = False
+    """Whether any node ever accepted a connection (answered, or took a request)."""
 
     def failed(self, node: int, now: float) -> None:
         """`node` did not answer: suspect it, and move on if it was the current one."""
@@ -211,6 +222,31 @@ class Nodes:
 
     def answered(self, node: int) -> None:
         self.suspects.pop(node, None)
+        self.seen.pop(node, None)
+        self.reached = True
+
+    def nothing_listens(
+        self, tried: Mapping[int, str], patience: float | None, elapsed: float
+    ) -> bool:
+        """Whether a call that has tried for `elapsed` seconds, and whose attempts went as
+        `tried`, should stop: with `patience` given, no node ever reached, every node
+        refused (this call), and for at least `patience` seconds."""
+        return (
+            patience is not None
+            and not self.reached
+            and elapsed >= patience
+            and len(tried) == self.count
+            and all(seen == REFUSED for seen in tried.values())
+        )
+
+    def report(self, names: Sequence[str], tried: Mapping[int, str]) -> dict[str, str]:
+        """What each node did, by name: in this call (`tried`), else at its last attempt
+        (another call's), else "not tried"."""
+        return {
+            names[i] if i < len(names) else f"node {i + 1}": tried.get(i)
+            or self.seen.get(i, "not tried")
+            for i in range(self.count)
+        }
 
 
 def exchange(
@@ -224,6 +260,8 @@ def exchange(
     jitter: Callable[[], float],
     on_reply: Callable[[HttpReply, int, float], None] | None = None,
     patience: float | None = None,
+    names: Sequence[str] = (),
+    refused_patience: float | None = None,
 ) -> Generator[Action, Outcome | None, list[Result]]:
     """Send `request` until it is answered or `deadline` (a `monotonic` time) passes. Each
     attempt waits at most `patience` (default `timeout`; doubled after each attempt that had
@@ -231,14 +269,23 @@ def exchange(
     the request was not applied moves to the next node and tries again after a backoff; a
     write whose outcome is unknown is not resent here (the transport knows which writes are
     safe to resend) but raises `OutcomeUnknown`, after moving on to the next node (the one
-    that failed may be frozen). No request is given more time than is left."""
+    that failed may be frozen). No request is given more time than is left. Given up, the
+    error says what each node did (`names`: the nodes' URLs, for it). With
+    `refused_patience`, until a node is reached (`Nodes.reached`), every node refusing
+    connections for that long raises `NothingListens` at once."""
     retry = Retry(FAILOVER, deadline, jitter)
+    started = monotonic()
     last: Unavailable | None = None
+    tried: dict[int, str] = {}  # node -> what it did at this call's last attempt on it
     wait_for = min(timeout, patience) if patience is not None else timeout
+
+    def name(node: int) -> str:
+        return names[node] if node < len(names) else f"rqlite node {node + 1}"
+
     while True:
         left = deadline - monotonic()
         if left < MIN_ATTEMPT:
-            raise last or Unavailable("rqlite: the deadline passed before any request was sent")
+            raise gave_up(last, nodes.report(names, tried))
         node = nodes.current
         sent = monotonic()
         outcome = yield Send(node, min(wait_for, left))
@@ -249,6 +296,8 @@ def exchange(
                 on_reply(outcome, node, monotonic() - sent)
             try:
                 return parse_reply(outcome.status, outcome.content, request.statements)
+            except AuthError as exc:
+                raise AuthError(f"{name(node)}: {exc}: check the URL's user and password") from None
             except NoLeader as exc:
                 failure = exc
             except OutcomeUnknown as exc:
@@ -256,23 +305,47 @@ def exchange(
                     nodes.moved_on(node, monotonic())
                     raise
                 failure = Unavailable(str(exc))  # a read changes nothing: simply not done
+            tried[node] = nodes.seen[node] = str(failure).removeprefix("rqlite: ")[:120]
             nodes.moved_on(node, monotonic())
         elif isinstance(outcome, NotSent):
-            failure = Unavailable(f"cannot reach rqlite node {node + 1}: {outcome.error}")
+            failure = Unavailable(f"cannot reach {name(node)}: {outcome.error}")
+            tried[node] = nodes.seen[node] = outcome.cause
             nodes.failed(node, monotonic())
+            if nodes.nothing_listens(tried, refused_patience, monotonic() - started):
+                raise nothing_listens(nodes.report(names, tried))
         elif isinstance(outcome, NoReply):
+            tried[node] = nodes.seen[node] = outcome.cause
+            nodes.reached = True  # it took the request
             nodes.failed(node, monotonic())
             if write:
-                raise OutcomeUnknown(f"rqlite node {node + 1}: no reply: {outcome.error}")
-            failure = Unavailable(f"rqlite node {node + 1}: no reply: {outcome.error}")
+                raise OutcomeUnknown(f"{name(node)}: {outcome.cause}: {outcome.error}")
+            failure = Unavailable(f"{name(node)}: {outcome.cause}: {outcome.error}")
             wait_for = min(timeout, wait_for * 2)  # maybe only slow: more time next
         else:
             raise TypeError(f"exchange was sent {outcome!r}")
         last = failure
         wait = retry.wait(monotonic())
         if wait is None:
-            raise failure
+            raise gave_up(failure, nodes.report(names, tried))
         yield Sleep(wait)
+
+
+def gave_up(last: Unavailable | None, nodes: dict[str, str]) -> Unavailable:
+    """The error of a call that ran out of time: what each node did, in one line, as the
+    type of the last failure (`NoLeader` stays `NoLeader`)."""
+    if all(seen == "not tried" for seen in nodes.values()):
+        return last or Unavailable("rqlite: the deadline passed before any request was sent")
+    if all(seen == REFUSED for seen in nodes.values()):
+        return nothing_listens(nodes, Unavailable)
+    kind = type(last) if last is not None else Unavailable
+    each = "; ".join(f"{url}: {seen}" for url, seen in nodes.items())
+    return kind(f"no rqlite node took the request: {each}", nodes)
+
+
+def nothing_listens(nodes: dict[str, str], kind: type[Unavailable] = NothingListens) -> Unavailable:
+    """Every node refused connections."""
+    where = ", ".join(nodes)
+    return kind(f"nothing answers at {where} ({REFUSED}): is the cluster running?", nodes)
 
 
 def request_headers(endpoints: Endpoints) -> dict[str, str]:
@@ -299,8 +372,12 @@ class ClientState:
         clock: Callable[[], float],
         monotonic: Callable[[], float],
         random: Callable[[], float],
+        refused_timeout: float | None = None,
     ) -> None:
         self.endpoints = endpoints
+        self.refused_timeout = refused_timeout
+        """Until a node accepts a connection, give up once every node refused for this long
+        (`NothingListens`)."""
         self.clock = clock
         """The clock whose skew from the nodes' is measured (the one leases are computed with)."""
         self.monotonic = monotonic
@@ -364,6 +441,8 @@ class ClientState:
             jitter=self.random,
             on_reply=self._on_reply,
             patience=self.patience(request, lease_for, resend, final and batch.write),
+            names=self.endpoints.urls,
+            refused_patience=self.refused_timeout,
         )
 
     def _on_reply(self, reply: HttpReply, node: int, took: float) -> None:
@@ -553,7 +632,7 @@ def redact(url: str) -> str:
         return "<not a string>"
     starts = list(_SCHEME.finditer(url))
     if not starts:
-        return "***" if ("@" in url or ":" in url) else url
+        return url if _hosts_only(url) else "***"
     out = [url[: starts[0].start()]]
     ends = [m.start() for m in starts[1:]] + [len(url)]
     for m, end in zip(starts, ends, strict=True):
@@ -564,6 +643,47 @@ def redact(url: str) -> str:
             rest = "***"
         out.append(url[m.start() : m.end()] + rest)
     return "".join(out)
+
+
+def _hosts_only(text: str) -> bool:
+    """Whether `text` (without a scheme) can hold no password: no `@`, and host[:port]
+    parts (or no `:` at all)."""
+    if "@" in text:
+        return False
+    return ":" not in text or all(_check_quietly("http", part) for part in text.split(","))
+
+
+def unknown_scheme(url: str) -> InvalidArgument:
+    """The error for a URL that is neither rqlite's nor SQLite's, with what to write: a bare
+    `host:port` (the scheme forgotten) gets its `http://` form, a file name its `sqlite:///`."""
+    shown = redact(url)
+    if not url.strip():
+        return InvalidArgument("the URL is empty: give http(s)://host:port or sqlite:///file.db")
+    _, at, hosts = url.rpartition("@")
+    if "://" not in url and at and _hosts_only(hosts):
+        return InvalidArgument(
+            f"no scheme in the URL '***@{hosts}': for rqlite, write "
+            f"'http://USER:PASSWORD@{hosts}' (or https://)"
+        )
+    if "://" not in url and _hosts_only(url):
+        bare = url.strip()
+        if ":" in bare or "," in bare or not _looks_like_a_file(bare):
+            nodes = ",".join(f"http://{part.strip()}" for part in bare.split(",") if part.strip())
+            return InvalidArgument(
+                f"no scheme in the URL {shown!r}: for rqlite, write {nodes!r} (or https://)"
+            )
+        return InvalidArgument(
+            f"no scheme in the URL {shown!r}: for an embedded queue in that file, write "
+            f"'sqlite:///{bare}'"
+        )
+    return InvalidArgument(
+        f"unknown URL scheme in {shown!r}: use http:// or https:// (rqlite) or sqlite:/// "
+        "(an embedded file)"
+    )
+
+
+def _looks_like_a_file(text: str) -> bool:
+    return "/" in text or text.endswith((".db", ".sqlite", ".sqlite3"))
 
 
 def _check_quietly(scheme: str, part: str) -> bool:

@@ -30,6 +30,7 @@ from ..types import (
     TenantInfo,
 )
 from .checks import show
+from .http import unknown_scheme
 from .params import FINISH, CheckedRound, Settlement
 from .retry import PROBE
 from .sql import NewMessage, OutboxRow
@@ -123,6 +124,9 @@ _SHARD_PART = re.compile(r"\s*(epoch=|[+-]?([a-z0-9][a-z0-9_.:-]*=)?(https?|sqli
 _NAMED = re.compile(r"\s*[+-]?[a-z0-9][a-z0-9_.:-]*=(https?|sqlite)://")
 
 
+SCHEMES = ("http://", "https://", "sqlite://")
+
+
 def is_sharded_url(url: str) -> bool:
     """A shard list: parts separated by `;`, each a URL (optionally `name=`, `+name=`,
     `-name=`) or `epoch=N`; or a single named URL. (A `;` inside one URL, say in a password,
@@ -160,9 +164,11 @@ def parse_shard_list(url: str) -> ShardList:
             check_shard_name(name)
             shard_url = rest.strip()
         else:
+            if not part.startswith(SCHEMES):
+                raise unknown_scheme(part)
             shard_url, name = part, _default_name(part)
-        if not shard_url.startswith(("http://", "https://", "sqlite://")):
-            raise InvalidArgument(f"shard {name!r}: unknown URL scheme (use http, https, sqlite)")
+        if not shard_url.startswith(SCHEMES):
+            raise InvalidArgument(f"shard {name!r}: {unknown_scheme(shard_url)}")
         specs.append(ShardSpec(name, shard_url, state))
     names = [s.name for s in specs]
     duplicates = sorted({n for n in names if names.count(n) > 1})

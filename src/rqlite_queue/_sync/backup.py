@@ -18,7 +18,7 @@ from .._io.sqlite import SqliteExecutor
 from .._protocol import backup as protocol
 from .._protocol.backup import LOAD_PATH, Transfer, backup_path, shard_file
 from .._protocol.checks import check_seconds
-from .._protocol.http import redact
+from .._protocol.http import unknown_scheme
 from .._protocol.sharding import is_sharded_url
 from ..errors import InvalidArgument, TargetNotEmpty, TransportClosed
 from .cluster import Backend
@@ -160,7 +160,7 @@ def _unconnected(url: str, options: dict[str, Any]) -> Transport:
         return SqliteTransport(_sqlite_path(url), **options)
     if url.startswith(("http://", "https://")):
         return RqliteTransport(url, **options)
-    raise InvalidArgument(f"unknown URL scheme in {redact(url)!r} (use sqlite, http or https)")
+    raise unknown_scheme(url)
 
 
 def _no_options(options: dict[str, Any]) -> None:

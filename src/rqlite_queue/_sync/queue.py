@@ -26,11 +26,11 @@ from .._protocol.core import (
     QueueCore,
     lease_lost,
 )
-from .._protocol.http import parse_endpoints, redact
+from .._protocol.http import parse_endpoints, redact, unknown_scheme
 from .._protocol.params import GivenMessage, Message, RoundSpec, ScheduleSpec, tenant_settings
 from .._protocol.sharding import ShardList, ShardSpec, check_shard_name, parse_shard_list
 from ..codec import Codec
-from ..errors import InvalidArgument, OutcomeUnknown, Unavailable
+from ..errors import InvalidArgument, NothingListens, OutcomeUnknown, Unavailable
 from ..types import (
     MAX_BATCH,
     CheckedItems,
@@ -101,7 +101,8 @@ class Transport:
         """`sqlite:///path.db` (embedded), `http(s)://host:port[,host:port...]` (rqlite), or
         several clusters (`a=http://...;b=http://...`, an `ShardedTransport`).
         Waits until the backend answers and, for rqlite, has a leader; then creates or
-        upgrades the tables. Raises `Unavailable` after `connect_timeout` seconds."""
+        upgrades the tables. Raises `Unavailable` after `connect_timeout` seconds (sooner
+        with rqlite's `refused_timeout`, when nothing listens)."""
         transport: Transport
         if not isinstance(url, str):
             raise InvalidArgument(f"not a URL: {type(url).__name__}")
@@ -112,9 +113,7 @@ class Transport:
         elif url.startswith(("http://", "https://")):
             transport = RqliteTransport(url, **options)
         else:
-            raise InvalidArgument(
-                f"unknown URL scheme in {redact(url)!r} (use sqlite, http or https)"
-            )
+            raise unknown_scheme(url)
         try:
             transport.connect(connect_timeout, url)
         except BaseException:
@@ -124,19 +123,30 @@ class Transport:
 
     def connect(self, timeout: float, url: str = "") -> None:
         """`setup()`, tried again until it succeeds or `timeout` seconds have passed (then
-        `Unavailable`): for a cluster that is still starting or electing its leader."""
+        `Unavailable`, with what each node did): for a cluster that is still starting or
+        electing its leader. A cluster none of whose nodes ever accepted a connection, for
+        rqlite's `refused_timeout`, is not tried again."""
         give_up = time.monotonic() + timeout
+        seen: Unavailable | None = None
         while True:
             try:
                 self.router.setup(give_up)
                 return
             except (Unavailable, OutcomeUnknown) as exc:
+                if isinstance(exc, NothingListens):
+                    raise
+                if isinstance(exc, Unavailable) and exc.nodes:
+                    seen = exc  # what the nodes did (a last try may have had no time to)
                 # The inner retries may stop short of give_up (their next backoff would not
                 # fit); wait out the rest, so the promised timeout is what passes.
                 left = give_up - time.monotonic()
                 if left <= 0:
-                    where = redact(url) if url else f"queue {self.queue!r}"
-                    raise Unavailable(f"{where}: not available after {timeout:g}s: {exc}") from exc
+                    where = "" if seen else (redact(url) if url else f"queue {self.queue!r}")
+                    raise Unavailable(
+                        f"{where}{': ' if where else ''}not available after {timeout:g}s: "
+                        f"{seen or exc}",
+                        seen.nodes if seen else None,
+                    ) from exc
                 time.sleep(min(0.2, left))
 
     def setup(self) -> None:
@@ -573,7 +583,13 @@ class RqliteTransport(Transport):
     Clocks: the node's clock is read from the `Date` of its replies (no extra request); a
     difference above `skew_warning` seconds is logged, and a lease is refused (`ClockSkew`)
     when the difference exceeds `max_skew` of its visibility (`max_skew=None`: neither, for
-    a clock of the caller's own, such as a test's fake clock)."""
+    a clock of the caller's own, such as a test's fake clock).
+
+    `refused_timeout`: until a node of the cluster has accepted a connection once, a call
+    raises `NothingListens` as soon as every node has refused connections for that long
+    (nothing listens: the cluster is not running, or the port is wrong), instead of trying
+    until its deadline. None (the default): a refused node is tried again like any other
+    (a cluster still starting). Once a node has answered, failover is never cut short."""
 
     def __init__(
         self,
@@ -591,6 +607,7 @@ class RqliteTransport(Transport):
         dedup_key: Callable[[Any], str | None] | None = None,
         max_skew: float | None = DEFAULT_MAX_SKEW,
         skew_warning: float = 1.0,
+        refused_timeout: float | None = None,
     ) -> None:
         core = QueueCore(
             queue=queue,
@@ -604,7 +621,13 @@ class RqliteTransport(Transport):
             max_skew=max_skew,
         )
         backend = _rqlite_backend(
-            url, core, timeout=timeout, auth=auth, verify=verify, skew_warning=skew_warning
+            url,
+            core,
+            timeout=timeout,
+            auth=auth,
+            verify=verify,
+            skew_warning=skew_warning,
+            refused_timeout=refused_timeout,
         )
         self.client: Urllib3Client = backend.executor  # type: ignore[assignment]
         """The HTTP client (its `requests` count, its nodes)."""
@@ -648,8 +671,8 @@ class ShardedTransport(Transport):
     `shards`: a URL such as `a=http://h1:4001,http://h2:4001;b=http://h3:4001` (clusters
     separated by `;`, each optionally named; SQLite files too, named), or a mapping of shard
     name to an open single-cluster transport (all on the same queue). The options of a
-    cluster (`timeout`, `auth`, `verify`, `skew_warning`; `busy_timeout` for SQLite files) are
-    given to every shard.
+    cluster (`timeout`, `auth`, `verify`, `skew_warning`, `refused_timeout`; `busy_timeout`
+    for SQLite files) are given to every shard.
 
     Seqs are per shard: `Lease.shard`, `DeadLetter.shard` and `GroupInfo.shard` say which, and
     `requeue_dead` / `purge_dead` take `shard=` with seqs. Dedup ids are scoped to their group
@@ -672,7 +695,8 @@ class ShardedTransport(Transport):
     ) -> None:
         check_seconds(deadline, "deadline", allow_zero=False)
         check_seconds(claim_deadline, "claim_deadline", allow_zero=False)
-        unknown = set(options) - {"timeout", "auth", "verify", "skew_warning", "busy_timeout"}
+        allowed = {"timeout", "auth", "verify", "skew_warning", "refused_timeout", "busy_timeout"}
+        unknown = set(options) - allowed
         if unknown:
             raise TypeError(f"unexpected keyword argument(s): {', '.join(sorted(unknown))}")
         core = QueueCore(
@@ -766,9 +790,12 @@ def _rqlite_backend(
     auth: tuple[str, str] | None = None,
     verify: bool | str = True,
     skew_warning: float = 1.0,
+    refused_timeout: float | None = None,
 ) -> Backend:
     check_seconds(timeout, "timeout", allow_zero=False)
     check_seconds(skew_warning, "skew_warning", allow_zero=False)
+    if refused_timeout is not None:
+        check_seconds(refused_timeout, "refused_timeout", allow_zero=False)
     if core.max_skew is None:
         skew_warning = float("inf")  # a clock of the caller's own: not ours to judge
     if auth is not None and not (
@@ -781,6 +808,7 @@ def _rqlite_backend(
         verify=verify,
         skew_warning=skew_warning,
         clock=core.clock,
+        refused_timeout=refused_timeout,
     )
     return Backend(client, core, skew=client.clock_skew)
 
