@@ -89,6 +89,27 @@ class WorkerStats:
     claim_buckets: list[int] = field(default_factory=lambda: [0] * len(CLAIM_BUCKETS))
     """Claiming round trips that took at most each of `CLAIM_BUCKETS` seconds (cumulative)."""
 
+    def summary(self) -> str:
+        """The totals in words, as the stop is logged: `3 claimed, 2 acked, 1 nacked, 0
+        dead-lettered`, then the other counters that are not zero."""
+        words = [
+            f"{self.claimed} claimed",
+            f"{self.acked} acked",
+            f"{self.nacked} nacked",
+            f"{self.dead_lettered} dead-lettered",
+        ]
+        for count, what in (
+            (self.leases_lost, "leases lost"),
+            (self.extended, "leases extended"),
+            (self.claim_errors, "round trips failed"),
+            (self.ticks, "schedule ticks published"),
+            (self.published, "follow-ups published"),
+            (self.forwarded, "follow-ups forwarded"),
+        ):
+            if count:
+                words.append(f"{count} {what}")
+        return ", ".join(words)
+
     def record_claim(self, seconds: float) -> None:
         self.claim_rounds += 1
         self.claim_seconds += seconds
@@ -319,6 +340,7 @@ class Worker:
         if handle_signals:
             runtime.install_signals(self._on_signal)
         log.info("worker %s started (concurrency %d)", self.worker_id, self.concurrency)
+        started = time.monotonic()
         runtime.keep(self._keep_leases)
         LOCAL_PUBLISHES.listen(self.transport.queue, self._on_local_publish)
         try:
@@ -329,7 +351,12 @@ class Worker:
             if handle_signals:
                 runtime.remove_signals()
             runtime.abandon()
-        log.info("worker %s stopped: %s", self.worker_id, self.stats)
+        log.info(
+            "worker %s stopped after %.1fs: %s",
+            self.worker_id,
+            time.monotonic() - started,
+            self.stats.summary(),
+        )
 
     def _on_local_publish(self) -> None:
         """A publish to this queue in this process (any thread): an idle worker claims at
