@@ -267,7 +267,7 @@ def test_errors_are_one_line_with_a_nonzero_status(sqlite_target: Target, tmp_pa
 
     unreachable = run("--url", f"http://127.0.0.1:{free_port()}", "--timeout", "0.5", "stats")
     assert unreachable.returncode == 1
-    assert "not available" in one_error_line(unreachable)
+    assert "nothing answers at http://127.0.0.1:" in one_error_line(unreachable)
 
     no_module = run(*sqlite_target.args, "worker", "no_such_module:handle", cwd=tmp_path)
     assert no_module.returncode == 2

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import click
 
-from ..errors import QueueError
+from ..errors import QueueError, Unavailable
 from . import admin, backup, dashboard, local, messages, schedules, shards, tenants, work
 from ._base import _error, _state, cli
 
@@ -46,6 +46,13 @@ class _NeverRaised(click.UsageError):
 _NoArgsIsHelp: type[click.UsageError] = getattr(click.exceptions, "NoArgsIsHelpError", _NeverRaised)
 
 
+def _next_step(exc: QueueError) -> str:
+    """What to do next, for the errors whose message leaves it to the caller."""
+    if isinstance(exc, Unavailable) and exc.refused:
+        return " ('rqlite-queue cluster up' starts a local one)"
+    return ""
+
+
 def _run(argv: Sequence[str] | None) -> int:
     try:
         result = cli.main(
@@ -67,7 +74,7 @@ def _run(argv: Sequence[str] | None) -> int:
         _error("interrupted")
         return 130
     except QueueError as exc:
-        _error(str(exc))
+        _error(str(exc) + _next_step(exc))
         return 1
     except Exception as exc:
         if _state.verbose:

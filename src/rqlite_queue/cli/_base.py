@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -19,17 +20,20 @@ from typing import Any
 
 import click
 from rich.console import Console
-from rich.table import Table
 
 from .. import Transport
 from ..timefmt import duration
 from ..types import Stats
+from ._tables import Cell, Listing
 
 DEFAULT_URL = "sqlite:///rqlite-queue.db"
 """The embedded queue in `./rqlite-queue.db` when neither `--url` nor `$RQLITE_QUEUE_URL`
 is given."""
 URL_ENV = "RQLITE_QUEUE_URL"
 PUBLISH_BATCH = 500
+REFUSED_TIMEOUT = 0.5
+"""How long every node of a cluster never reached may refuse connections before a command
+says that nothing listens there."""
 
 log = logging.getLogger("rqlite_queue.cli")
 
@@ -39,6 +43,8 @@ class _State:
     verbose: bool = False
     exit_hard: bool = False
     """Set by `worker`: leave with `os._exit` (see `main`)."""
+    announced: bool = False
+    """Whether this command said already that it uses the default backend."""
 
 
 _state = _State()
@@ -49,6 +55,21 @@ class Config:
     url: str
     queue: str
     timeout: float
+    defaulted: bool = False
+    """Neither --url nor $RQLITE_QUEUE_URL was given: `url` is `DEFAULT_URL`."""
+
+    def backend(self) -> str:
+        """The URL to open. The default's is said on stderr, once per command: a message
+        published into the local file is easily taken for one lost (a new terminal without
+        the `export` of the others)."""
+        if self.defaulted and not _state.announced:
+            _state.announced = True
+            path = os.path.abspath(self.url.removeprefix("sqlite:///"))
+            click.echo(
+                f"using the local file {path} (no --url, no ${URL_ENV}: give one for rqlite)",
+                err=True,
+            )
+        return self.url
 
     def options(self) -> dict[str, Any]:
         """`from_url` options: wait `timeout` for the backend, and on rqlite let each
@@ -56,6 +77,9 @@ class Config:
         options: dict[str, Any] = {"queue": self.queue, "connect_timeout": self.timeout}
         if "http://" in self.url or "https://" in self.url:  # one cluster, or several
             options["deadline"] = self.timeout
+            # A refused connection is an answer: nothing listens there. Said at once (a
+            # cluster that was never reached is not waited for, as it is by a library user).
+            options["refused_timeout"] = min(REFUSED_TIMEOUT, self.timeout)
         return options
 
     def options_without_connect(self) -> dict[str, Any]:
@@ -65,7 +89,7 @@ class Config:
     @contextlib.contextmanager
     def transport(self) -> Iterator[Transport]:
         """A connected sync transport, closed afterwards."""
-        transport = Transport.from_url(self.url, **self.options())
+        transport = Transport.from_url(self.backend(), **self.options())
         try:
             yield transport
         finally:
@@ -95,10 +119,8 @@ def _ago(epoch: float) -> str:
     return duration(max(0.0, time.time() - epoch)) + " ago"
 
 
-def _stats_table(stats: Stats) -> Table:
-    table = Table()
-    table.add_column("metric")
-    table.add_column("value", justify="right")
+def _stats_table(stats: Stats) -> Listing:
+    table = Listing(("metric", Cell.KEEP), ("value", Cell.KEEP, "right"))
     table.add_row("messages (depth)", str(stats.depth))
     table.add_row("groups", str(stats.groups))
     table.add_row("in flight (leased)", str(stats.in_flight))
@@ -172,7 +194,8 @@ def _parse_event(text: str) -> Any:
     show_default=True,
     metavar="SECONDS",
     help="Give up on a backend that does not answer (or an rqlite cluster without a leader) "
-    "after about this long; on rqlite, also how long an operation retries through a failover.",
+    "after about this long (a URL where nothing listens at all is said at once); on rqlite, "
+    "also how long an operation retries through a failover.",
 )
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging and full error details.")
 @click.pass_context
@@ -189,4 +212,6 @@ def cli(ctx: click.Context, url: str, queue: str, timeout: float, verbose: bool)
     if not verbose:
         logging.getLogger("urllib3").setLevel(logging.WARNING)
     _state.verbose = verbose
-    ctx.obj = Config(url=url, queue=queue, timeout=timeout)
+    _state.announced = False
+    defaulted = ctx.get_parameter_source("url") is click.core.ParameterSource.DEFAULT
+    ctx.obj = Config(url=url, queue=queue, timeout=timeout, defaulted=defaulted)

@@ -7,7 +7,6 @@ import sys
 from collections.abc import Sequence
 
 import click
-from rich.table import Table
 from rich.text import Text
 
 from .. import Transport
@@ -21,6 +20,7 @@ from ._base import (
     _stdout,
     cli,
 )
+from ._tables import Cell, Listing
 
 # ------------------------------------------------------------------------------ groups
 
@@ -62,12 +62,14 @@ def groups_command(
         click.echo("no groups")
         return 0
     sharded = any(info.shard for info in infos)
-    table = Table()
     columns = ("group", *(("shard",) if sharded else ()), "prio", "state", "depth", "head")
-    for column in (*columns, "tries", "until", "holder", "age"):
-        table.add_column(
-            column, justify="left" if column in ("group", "shard", "state", "holder") else "right"
+    left = ("group", "shard", "state", "holder")
+    table = Listing(
+        *(
+            (column, Cell.KEEP, "left" if column in left else "right")
+            for column in (*columns, "tries", "until", "holder", "age")
         )
+    )
     for info in infos:
         table.add_row(
             info.group_id,
@@ -84,7 +86,7 @@ def groups_command(
     title = f"{len(infos)} groups"
     if len(infos) == limit:
         title += f" (more after: --after {infos[-1].group_id!r})"
-    _stdout().print(title, table, sep="\n")
+    table.print(title)
     return 0
 
 
@@ -175,21 +177,21 @@ def dlq() -> None:
     """Dead letters: list, requeue or purge them."""
 
 
-def _dead_table(letters: Sequence[DeadLetter]) -> Table:
+def _dead_table(letters: Sequence[DeadLetter]) -> Listing:
     sharded = any(letter.shard for letter in letters)
-    table = Table()
-    if sharded:  # seqs are per shard: `dlq requeue SEQ --shard NAME`
-        table.add_column("shard")
-    table.add_column("seq", justify="right")
-    table.add_column("group", overflow="fold")
-    table.add_column("prio", justify="right")
-    table.add_column("attempts", justify="right")
-    table.add_column("dead")
-    table.add_column("reason", overflow="fold")
-    table.add_column("event", overflow="fold")
     with_headers = any(letter.headers for letter in letters)
-    if with_headers:
-        table.add_column("headers", overflow="fold")
+    table = Listing(
+        # seqs are per shard: `dlq requeue SEQ --shard NAME`
+        *([("shard", Cell.KEEP)] if sharded else []),
+        ("seq", Cell.KEEP, "right"),
+        ("group", Cell.KEEP),
+        ("prio", Cell.KEEP, "right"),
+        ("attempts", Cell.KEEP, "right"),
+        ("dead", Cell.KEEP),
+        ("reason", Cell.WRAP),
+        ("event", Cell.SHORT),
+        *([("headers", Cell.SHORT)] if with_headers else []),
+    )
     for letter in letters:
         table.add_row(
             *([letter.shard] if sharded else []),
@@ -234,7 +236,7 @@ def dlq_list(
         title = f"{len(letters)} dead letters"
         if len(letters) == limit:
             title += f" (more after: --after {letters[-1].cursor})"
-        _stdout().print(title, _dead_table(letters), sep="\n")
+        _dead_table(letters).print(title)
     return 0
 
 

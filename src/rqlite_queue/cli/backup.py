@@ -34,7 +34,7 @@ def backup_command(config: Config, file: str, vacuum: bool, shard: str | None) -
     queue writes one file per shard, the shard's name before the suffix (queue.db ->
     queue.a.db, queue.b.db). A large database may need a larger --timeout."""
     written = backups.backup(
-        config.url,
+        config.backend(),
         file,
         vacuum=vacuum,
         shard=shard,
@@ -70,7 +70,7 @@ def restore_command(config: Config, file: str, force: bool, shard: str | None) -
     restores each shard from its own file (FILE with the shard's name inserted), all checked
     before any is loaded. A large database may need a larger --timeout."""
     restored = backups.restore(
-        config.url,
+        config.backend(),
         file,
         force=force,
         shard=shard,

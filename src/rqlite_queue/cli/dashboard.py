@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import ipaddress
 import os
 import signal
@@ -185,6 +186,33 @@ def _trusted_proxies(
     return networks
 
 
+def _listen(host: str, port: int) -> socket.socket:
+    """The dashboard's socket, bound (uvicorn serves on it): a port already taken is one
+    error line that says what to do, not uvicorn's exit and its traceback."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host.strip("[]") or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except socket.gaierror as exc:
+        raise click.BadParameter(f"{host!r}: {exc.strerror}", param_hint="'--host'") from None
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if family == socket.AF_INET6:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0 if host == "::" else 1)
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        if exc.errno == errno.EADDRINUSE:
+            raise click.ClickException(
+                f"cannot listen on {shown}: the port is taken (another dashboard?): give "
+                "another --port, or --port 0 for a free one"
+            ) from None
+        raise click.ClickException(f"cannot listen on {shown}: {exc.strerror}") from None
+    return sock
+
+
 @cli.command()
 @click.option(
     "--host",
@@ -294,8 +322,14 @@ def dashboard(
     quiet_server = _quiet_server()
     scheme = "https" if cert is not None else "http"
 
+    listening = _listen(host, port)  # first: a taken port is known before any connection
+
     async def serve() -> None:
-        transport = await AsyncTransport.from_url(config.url, **config.options())
+        try:
+            transport = await AsyncTransport.from_url(config.backend(), **config.options())
+        except BaseException:
+            listening.close()
+            raise
         try:
             app = create_app(
                 transport,
@@ -324,15 +358,17 @@ def dashboard(
             loop = asyncio.get_running_loop()
             for signum in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(signum, setattr, server, "should_exit", True)
-            serving = asyncio.create_task(server.serve())
+            serving = asyncio.create_task(server.serve(sockets=[listening]))
             while not server.started and not serving.done():
                 await asyncio.sleep(0.02)
-            if not server.started:  # the port could not be bound: uvicorn logged why
+            if not server.started:
                 try:
                     await serving
                 except (ssl.SSLError, OSError) as exc:
                     raise click.ClickException(f"could not load --cert/--key: {exc}") from None
-                raise click.ClickException(f"could not listen on {host}:{port}")
+                except SystemExit:  # uvicorn's own startup failure, logged above
+                    pass
+                raise click.ClickException(f"could not serve on {host}:{port}")
             bound = server.servers[0].sockets[0].getsockname()[1]
             mode = "actions allowed" if allow_actions else "read-only"
             names = own or [f"[{host}]" if ":" in host else host]

@@ -42,7 +42,7 @@ from typing import Any
 from .. import Lease, LeaseLost, Transport
 from ..local_cluster import Cluster, ClusterError
 from ..rqlited import RqlitedNotFound, find_rqlited
-from ._base import _state
+from ._base import REFUSED_TIMEOUT, _state
 
 VISIBILITY = 2.0
 """Lease length: short, so the abandoned lease lapses quickly."""
@@ -78,6 +78,10 @@ class Backend:
     """One URL per node (one for SQLite); workers get them in rotated order."""
     queue: str
     external: bool
+
+    @property
+    def remote(self) -> bool:
+        return not self.urls[0].startswith("sqlite:")
 
     def url_for(self, i: int) -> str:
         """The URL for the i-th client: the node list rotated, so clients start on
@@ -387,7 +391,10 @@ def run(
     obs: Observer,
     rng: Callable[[int], random.Random],
 ) -> Outcome:
-    main = Transport.from_url(backend.url_for(0), queue=backend.queue)
+    # A given URL where nothing listens is said at once (REFUSED_TIMEOUT), as by the other
+    # commands; the workers' own transports keep the whole deadline (the demo kills nodes).
+    first = {"refused_timeout": REFUSED_TIMEOUT} if backend.external and backend.remote else {}
+    main = Transport.from_url(backend.url_for(0), queue=backend.queue, **first)
     stop = threading.Event()
     threads: list[threading.Thread] = []
     try:

@@ -12,7 +12,6 @@ import click
 from rich.console import Group, RenderableType
 from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 from rich.text import Text
 
 from ..errors import InvalidArgument, QueueError
@@ -27,6 +26,7 @@ from ._base import (
     _stdout,
     cli,
 )
+from ._tables import Cell, Listing
 
 # ------------------------------------------------------------------------------ publish
 
@@ -208,7 +208,7 @@ def stats(config: Config, watch: float | None, as_json: bool) -> int:
             if as_json:
                 click.echo(_json(_stats_dict(snapshot)))
             else:
-                _stdout().print(f"queue {config.queue!r}", _stats_table(snapshot), sep="\n")
+                _stats_table(snapshot).print(f"queue {config.queue!r}")
             return 0
         if as_json:
             raise click.UsageError("--json and --watch do not go together")
@@ -252,10 +252,8 @@ def peek(config: Config, group: str, limit: int, as_json: bool) -> int:
     if not messages:
         click.echo(f"group {group!r} has no messages")
         return 0
-    table = Table()
-    table.add_column("seq", justify="right")
-    table.add_column("event", overflow="fold")
+    table = Listing(("seq", Cell.KEEP, "right"), ("event", Cell.SHORT))
     for seq, event in messages:
         table.add_row(str(seq), _json(event))
-    _stdout().print(f"group {group!r}: next {len(messages)} messages", table, sep="\n")
+    table.print(f"group {group!r}: next {len(messages)} messages")
     return 0

@@ -7,7 +7,6 @@ import signal
 import threading
 
 import click
-from rich.table import Table
 
 from ..timefmt import utc
 from ._base import (
@@ -18,6 +17,7 @@ from ._base import (
     cli,
     log,
 )
+from ._tables import Cell, Listing
 
 # ------------------------------------------------------------------------------ schedules
 
@@ -74,14 +74,19 @@ def schedule_list(config: Config, as_json: bool) -> int:
         for s in schedules:
             click.echo(_json({**dataclasses.asdict(s)}))
         return 0
-    table = Table()
-    for column in ("name", "group", "every / cron", "priority", "next tick", "event"):
-        table.add_column(column, overflow="fold")
+    table = Listing(
+        ("name", Cell.KEEP),
+        ("group", Cell.KEEP),
+        ("every / cron", Cell.KEEP),
+        ("priority", Cell.KEEP, "right"),
+        ("next tick", Cell.KEEP),
+        ("event", Cell.SHORT),
+    )
     for s in schedules:
         cadence = f"{s.every:g} s" if s.every is not None else str(s.cron)
         table.add_row(s.name, s.group_id, cadence, str(s.priority), utc(s.next_at),
                       _json(s.event))  # fmt: skip
-    _stdout().print(table)
+    table.print()
     return 0
 
 

@@ -6,11 +6,11 @@ import dataclasses
 import time
 
 import click
-from rich.table import Table
 
 from .. import ShardedTransport
 from ..types import ShardStatus
-from ._base import Config, _json, _stdout, cli
+from ._base import Config, _json, cli
+from ._tables import Cell, Listing
 
 
 @cli.group()
@@ -19,17 +19,17 @@ def shards() -> None:
 
 
 def _sharded(config: Config) -> ShardedTransport:
-    transport = ShardedTransport(config.url, **config.options_without_connect())
+    transport = ShardedTransport(config.backend(), **config.options_without_connect())
     transport.setup()
     return transport
 
 
-def _table(statuses: list[ShardStatus]) -> Table:
-    table = Table()
-    for column in ("shard", "state", "up", "epoch", "depth", "groups", "leaving", "waiting"):
-        table.add_column(column, justify="left" if column in ("shard", "state") else "right")
-    table.add_column("dead", justify="right")
-    table.add_column("schedules elsewhere", justify="right")
+def _table(statuses: list[ShardStatus]) -> Listing:
+    columns = ("shard", "state", "up", "epoch", "depth", "groups", "leaving", "waiting", "dead")
+    table = Listing(
+        *((c, Cell.KEEP, "left" if c in ("shard", "state") else "right") for c in columns),
+        ("schedules elsewhere", Cell.KEEP, "right"),
+    )
 
     def cell(value: object) -> str:
         return "?" if value is None else str(value)
@@ -55,9 +55,17 @@ def _verdict(queue: ShardedTransport, statuses: list[ShardStatus]) -> str:
         return "no change under way"
     if any(not s.up for s in statuses):
         return "a shard does not answer: the change cannot be judged"
-    left = sum((s.leaving or 0) + (s.waiting or 0) for s in statuses)
-    if left:
-        return f"change under way: {left} groups still moving"
+    # A moving group is counted twice in the table: leaving its old shard, and waiting on its
+    # new one once it has new messages there. Once released (above), every waiting group
+    # still has messages to deliver on its old shard: the leaving ones are all of them.
+    leaving = sum(s.leaving or 0 for s in statuses)
+    waiting = sum(s.waiting or 0 for s in statuses)
+    if leaving or waiting:
+        moving = max(leaving, waiting)
+        return (
+            f"change under way: {moving} groups still moving "
+            f"({waiting} of them with new messages waiting on their new shard)"
+        )
     draining = [s.name for s in statuses if s.state == "draining"]
     busy = [s.name for s in statuses if s.state == "draining" and (s.depth or s.dead)]
     if busy:
@@ -83,7 +91,8 @@ def status(config: Config, as_json: bool) -> int:
         for s in statuses:
             click.echo(_json(dataclasses.asdict(s)))
         return 0
-    _stdout().print(_table(statuses), verdict, sep="\n")
+    _table(statuses).print()
+    click.echo(verdict)
     return 0
 
 

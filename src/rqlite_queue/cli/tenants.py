@@ -8,9 +8,9 @@ import math
 from typing import Any
 
 import click
-from rich.table import Table
 
 from ._base import Config, _json, _stdout, cli
+from ._tables import Cell, Listing
 
 
 @cli.command("tenants")
@@ -33,7 +33,6 @@ def tenants_command(config: Config, limit: int, after: str | None, as_json: bool
         for tenant in tenants:
             click.echo(_json(dataclasses.asdict(tenant)))
         return 0
-    table = Table()
     columns = (
         "tenant",
         "weight",
@@ -44,8 +43,9 @@ def tenants_command(config: Config, limit: int, after: str | None, as_json: bool
         "rate",
         "group bound",
     )
-    for column in columns:
-        table.add_column(column, justify="left" if column in ("tenant", "rate") else "right")
+    table = Listing(
+        *((c, Cell.KEEP, "left" if c in ("tenant", "rate") else "right") for c in columns)
+    )
     for t in tenants:
         rate = "-"
         if t.rate is not None:
@@ -63,7 +63,7 @@ def tenants_command(config: Config, limit: int, after: str | None, as_json: bool
     title = f"{len(tenants)} tenants"
     if len(tenants) == limit:
         title += f" (more after: --after {tenants[-1].name!r})"
-    _stdout().print(title, table, sep="\n")
+    table.print(title)
     return 0
 
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import importlib
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -20,6 +21,9 @@ from ._base import (
     cli,
     log,
 )
+
+if TYPE_CHECKING:
+    from ..metrics import MetricsServer
 
 # ------------------------------------------------------------------------------ worker
 
@@ -82,7 +86,8 @@ class HandlerParam(click.ParamType):  # type: ignore[type-arg]
     default=1.0,
     show_default=True,
     metavar="SECONDS",
-    help="First retry delay (the group is parked), doubling up to 300 s.",
+    help="First retry delay (the group is parked), doubling up to 300 s, with jitter: each "
+    "wait is 50-100% of its step (the first 0.5-1 x SECONDS, the next 1-2 x...).",
 )
 @click.option(
     "--min-priority-share",
@@ -226,10 +231,7 @@ def _run_sync_worker(
         runner = Worker(queue, handler, **options)
         server = None
         if metrics_port is not None:
-            from ..metrics import serve_metrics
-
-            server = serve_metrics(runner, metrics_port, host=metrics_host)
-            log.info("metrics on http://%s:%d/metrics", metrics_host, server.port)
+            server = _serve_metrics(runner, metrics_port, metrics_host)
         try:
             runner.run(**run)
         finally:
@@ -247,17 +249,31 @@ async def _run_async_worker(
 ) -> None:
     from ..worker import AsyncWorker
 
-    queue = await AsyncTransport.from_url(config.url, **config.options())
+    queue = await AsyncTransport.from_url(config.backend(), **config.options())
     async with queue:
         runner = AsyncWorker(queue, handler, **options)
         server = None
         if metrics_port is not None:
-            from ..metrics import serve_metrics
-
-            server = serve_metrics(runner, metrics_port, host=metrics_host)
-            log.info("metrics on http://%s:%d/metrics", metrics_host, server.port)
+            server = _serve_metrics(runner, metrics_port, metrics_host)
         try:
             await runner.run(**run)
         finally:
             if server is not None:
                 server.stop()
+
+
+def _serve_metrics(runner: Any, port: int, host: str) -> MetricsServer:
+    from ..metrics import serve_metrics
+
+    try:
+        server = serve_metrics(runner, port, host=host)
+    except OSError as exc:
+        shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        if exc.errno == errno.EADDRINUSE:
+            raise click.ClickException(
+                f"cannot serve metrics on {shown}: the port is taken: give another "
+                "--metrics-port, or 0 for a free one"
+            ) from None
+        raise click.ClickException(f"cannot serve metrics on {shown}: {exc.strerror}") from None
+    log.info("metrics on http://%s:%d/metrics", host, server.port)
+    return server
