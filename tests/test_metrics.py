@@ -377,3 +377,19 @@ def test_tenants_are_gauges_once_on_for_the_deepest_only(tmp_path: Path) -> None
         listed = queue.tenants(limit=1000)
         assert sum(t.in_flight for t in listed) == 1
         assert in_flight == sum(t.in_flight for t in listed if t.name in depths)
+
+
+def test_stopping_the_server_is_quick_even_when_idle(tmp_path: Path) -> None:
+    """socketserver's loop looks for a stop every half second when idle: a worker's exit
+    waited for it after its `stopped` line (issue 36). Each stop is now woken at once."""
+    with Transport.from_url(f"sqlite:///{tmp_path}/q.db") as q:
+        worker = Worker(q, lambda lease: None)
+        took = []
+        for _ in range(3):
+            server = serve_metrics(worker, 0, host="127.0.0.1", stats_interval=0)
+            time.sleep(0.1)  # idle, in the loop's select
+            began = time.monotonic()
+            server.stop()
+            took.append(time.monotonic() - began)
+            assert not server.thread.is_alive()
+    assert max(took) < 0.25, took  # ~0.01 s here; up to 0.5 s each before
