@@ -4,9 +4,9 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: django6 screenshots setup rqlited browser chaos-deps monitoring-deps test test-install lint typecheck unit unit-fast docs demo bench chaos generate clean
+.PHONY: django6 screenshots setup rqlited toxiproxy browser chaos-deps monitoring-deps test test-install lint typecheck unit unit-fast docs demo bench chaos generate clean
 
-setup: $(STAMP) rqlited browser chaos-deps monitoring-deps
+setup: $(STAMP) rqlited toxiproxy browser chaos-deps monitoring-deps
 
 # Debian's Chromium for the dashboard's browser tests (scripts/browser-deps).
 browser:
@@ -34,6 +34,11 @@ RQLITED_PATH = $$($(BIN)/rqlite-queue rqlited)
 
 rqlited: $(STAMP)
 	@$(BIN)/rqlite-queue rqlited >/dev/null
+
+# Toxiproxy (v2.5.0 and the package's own toxics) for the clusters' links: the latency bench
+# and the link faults. Found in or built into the same cache (src/rqlite_queue/toxiproxy.py).
+toxiproxy: $(STAMP)
+	@$(BIN)/rqlite-queue toxiproxy >/dev/null
 
 generate: $(STAMP)
 	$(BIN)/python scripts/gen_sync.py

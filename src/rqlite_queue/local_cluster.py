@@ -39,11 +39,13 @@ import urllib3
 from urllib3.exceptions import HTTPError
 
 from .rqlited import RqlitedNotFound, find_rqlited
+from .toxiproxy import ClusterLinks, Links, Toxiproxy, find_toxiproxy, spawn, wait_api
 
 __all__ = [
     "FAST_RAFT_ARGS",
     "Cluster",
     "ClusterError",
+    "Links",
     "Node",
     "NodeStartError",
     "PortInUse",
@@ -170,6 +172,18 @@ def _register(proc: subprocess.Popen[bytes]) -> None:
         _live[proc.pid] = proc
 
 
+def _stop(proc: subprocess.Popen[bytes], timeout: float) -> None:
+    """SIGTERM, SIGKILL after `timeout`; reaped."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def live_pids() -> set[int]:
     """PIDs of rqlited processes started by this harness that are still running.
 
@@ -280,12 +294,17 @@ class Node:
         auth: tuple[str, str] | None = None,
         host: str = _HOST,
         wrapper: Sequence[str] = (),
+        raft_adv_port: int | None = None,
+        http_adv_port: int | None = None,
     ) -> None:
         """`tls` = (cert file, key file, CA file) serves HTTPS; `auth` = the (user, password)
         the harness's own probes send when rqlited runs with `-auth`. `host` is the address
         both ports bind and advertise; `wrapper` is a command prefix that execs rqlited (e.g.
         `ip netns exec NS`, to run the node in its own network namespace: the chaos tests
-        partition nodes that way). The wrapper must exec, not fork, so the PID stays rqlited's."""
+        partition nodes that way). The wrapper must exec, not fork, so the PID stays rqlited's.
+        `raft_adv_port`, `http_adv_port`: the ports on `host` it advertises instead of its own
+        (`-raft-adv-addr`, `-http-adv-addr`: a proxy in front of each, see `Links`); the
+        harness's own probes always go to its own HTTP port."""
         self.node_id = node_id
         self.host = host
         self.wrapper = tuple(wrapper)
@@ -297,6 +316,8 @@ class Node:
         self._may_repick_ports = http_port is None and raft_port is None
         self.http_port = http_port if http_port is not None else free_port()
         self.raft_port = raft_port if raft_port is not None else free_port()
+        self.raft_adv_port = raft_adv_port
+        self.http_adv_port = http_adv_port
         self.join = join
         self.extra_args = tuple(extra_args)
         # In the data dir's parent, so the log survives wiping the data dir and is not mistaken
@@ -335,6 +356,20 @@ class Node:
         return f"{self.host}:{self.raft_port}"
 
     @property
+    def raft_adv_addr(self) -> str:
+        """The Raft address its peers know it by (a proxy's, with links)."""
+        port = self.raft_adv_port if self.raft_adv_port is not None else self.raft_port
+        return f"{self.host}:{port}"
+
+    @property
+    def client_url(self) -> str:
+        """The HTTP URL clients are given (a proxy's, when the clients' HTTP goes through one);
+        `http_url` is the node's own port."""
+        if self.http_adv_port is None:
+            return self.http_url
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.http_adv_port}"
+
+    @property
     def pid(self) -> int | None:
         return self.process.pid if self.process is not None else None
 
@@ -361,6 +396,10 @@ class Node:
             "-raft-addr",
             self.raft_addr,
         ]
+        if self.raft_adv_port is not None:
+            cmd += ["-raft-adv-addr", self.raft_adv_addr]
+        if self.http_adv_port is not None:
+            cmd += ["-http-adv-addr", f"{self.host}:{self.http_adv_port}"]
         if self.join:
             cmd += ["-join", self.join]
         if self.tls:
@@ -573,6 +612,7 @@ class Cluster:
         wrappers: Sequence[Sequence[str]] | None = None,
         data_dir: Path | str | None = None,
         http_port: int | None = None,
+        links: Links | bool | None = None,
     ) -> None:
         """`tls` and `auth` as for `Node` (a cluster with `-auth` must also let its nodes join:
         pass `-join-as USER` in `extra_args`); `hosts` and `wrappers`, one per node, are each
@@ -582,7 +622,12 @@ class Cluster:
         started again on it (same `n`) is the same cluster, with the same ports and the same
         data (the ports are recorded in `cluster.json` inside). `http_port`: node i listens
         for HTTP on `http_port + 2(i-1)` and for Raft on the port above (4001, 4002, 4003...,
-        as rqlite's own examples); by default ports are picked free."""
+        as rqlite's own examples); by default ports are picked free.
+
+        `links` (a `Links`, or True for `Links()`): each node's Raft traffic, and the clients'
+        HTTP unless `Links(http=False)`, goes through a proxy of a toxiproxy server the cluster
+        starts and stops (its binary: `rqlite-queue toxiproxy`); `cluster.links` then sets and
+        clears latency, silence, resets... on each link. Not with `data_dir` or `hosts`."""
         if n < 1:
             raise ValueError("a cluster needs at least one node")
         if (hosts is not None and len(hosts) != n) or (wrappers is not None and len(wrappers) != n):
@@ -598,6 +643,12 @@ class Cluster:
         self.auth = auth
         self.data_dir = Path(data_dir) if data_dir is not None else None
         self.http_port = http_port
+        self.link_spec = Links() if links is True else links or None
+        if self.link_spec is not None and (data_dir is not None or hosts is not None):
+            raise ValueError("links are for clusters on 127.0.0.1 in a temp dir")
+        self.links: ClusterLinks | None = None
+        """The cluster's links by node id, once started with `links`."""
+        self._toxiproxy: subprocess.Popen[bytes] | None = None
         self.dir: Path | None = None
         self.nodes: list[Node] = []
 
@@ -643,7 +694,8 @@ class Cluster:
 
     @property
     def urls(self) -> list[str]:
-        return [node.http_url for node in self.nodes]
+        """The nodes' URLs for clients (through their HTTP links, when the cluster has them)."""
+        return [node.client_url for node in self.nodes]
 
     @property
     def url(self) -> str:
@@ -681,12 +733,20 @@ class Cluster:
                 _live_dirs.add(self.dir)
         args = (*FAST_RAFT_ARGS, *self.extra_args) if self.fast else self.extra_args
         try:
+            links = self._start_links() if self.link_spec is not None else None
             for i in range(1, self.n + 1):
+                raft_link = http_link = None
+                if links is not None:
+                    raft_link = links.api.create(f"n{i}-raft", f"{_HOST}:0", f"{_HOST}:1")
+                    links.raft[f"n{i}"] = raft_link
+                    if links.spec.http:
+                        http_link = links.api.create(f"n{i}-http", f"{_HOST}:0", f"{_HOST}:1")
+                        links.http[f"n{i}"] = http_link
                 node = Node(
                     f"n{i}",
                     self.dir / f"n{i}",
                     binary=binary,
-                    join=None if i == 1 or restart else self.nodes[0].raft_addr,
+                    join=None if i == 1 or restart else self.nodes[0].raft_adv_addr,
                     extra_args=args,
                     tls=self.tls,
                     auth=self.auth,
@@ -694,19 +754,45 @@ class Cluster:
                     wrapper=self.wrappers[i - 1],
                     http_port=ports[i - 1][0],
                     raft_port=ports[i - 1][1],
+                    raft_adv_port=raft_link.port if raft_link is not None else None,
+                    http_adv_port=http_link.port if http_link is not None else None,
                 )
                 self.nodes.append(node)
+                if raft_link is not None:
+                    raft_link.retarget(node.raft_addr)
+                if http_link is not None:
+                    http_link.retarget(node.http_addr)
                 node.start(timeout)
+                if raft_link is not None and raft_link.upstream != node.raft_addr:
+                    raft_link.retarget(node.raft_addr)  # it started on other ports
+                if http_link is not None and http_link.upstream != node.http_addr:
+                    http_link.retarget(node.http_addr)
                 if i == 1 and not restart:
                     # Joining before node 1 has elected itself fails with "no leader" and the
                     # joiner then sleeps its -join-interval (3 s by default) before retrying.
                     self.wait_ready(timeout)
             self.wait_ready(timeout)
             self._record()
+            if links is not None and links.rtt > 0:
+                links.latency(links.rtt, links.jitter)
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _start_links(self) -> ClusterLinks:
+        """The toxiproxy server, its API on a free port; registered like the nodes, so it is
+        stopped with them or at exit."""
+        assert self.link_spec is not None and self.dir is not None
+        binary = find_toxiproxy()
+        port = free_port()
+        proc = spawn(binary, port, self.dir / "toxiproxy.log")
+        _register(proc)
+        self._toxiproxy = proc
+        api = Toxiproxy(f"http://{_HOST}:{port}")
+        wait_api(api, proc)
+        self.links = ClusterLinks(api, self.link_spec)
+        return self.links
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop every node (SIGTERM to all at once, SIGKILL after `timeout`) and remove the
@@ -732,6 +818,11 @@ class Cluster:
                 proc.wait()
         for node in self.nodes:
             node.paused = False
+        if self._toxiproxy is not None:
+            if self.links is not None:
+                self.links.api.close()
+            _stop(self._toxiproxy, timeout)
+            self._toxiproxy = None
         if self.dir is not None and self.data_dir is None:
             shutil.rmtree(self.dir, ignore_errors=True)
             with _registry_lock:
@@ -750,7 +841,7 @@ class Cluster:
         just after a failover) can report a stale leader for a while.
         """
         by_id = {n.node_id: n for n in self.nodes}
-        by_raft = {n.raft_addr: n for n in self.nodes}
+        by_raft = {n.raft_adv_addr: n for n in self.nodes}
         claimed: set[str] = set()
         self_leaders: set[str] = set()
         for node in self.running():

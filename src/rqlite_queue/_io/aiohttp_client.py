@@ -21,6 +21,7 @@ from .._protocol.http import (
     NotSent,
     Outcome,
     Send,
+    framed,
     request_headers,
 )
 from .sockets import connect_failure, open_socket
@@ -102,6 +103,14 @@ class AiohttpClient(AsyncRqliteClient):
             return NoReply(repr(exc), f"no reply within {send.timeout:.1f}s")
         except (aiohttp.ClientError, OSError) as exc:
             return NoReply(repr(exc), "connection dropped")
+        if not framed(
+            response.status,
+            response.headers.get("Content-Length"),
+            response.headers.get("Transfer-Encoding"),
+        ):
+            return NoReply(
+                f"the reply (HTTP {response.status}) was cut off in its headers", "reply cut off"
+            )
         return HttpReply(
             response.status, content, response.headers.get("Date"), sent_at, self.clock()
         )

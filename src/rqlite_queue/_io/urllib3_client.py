@@ -28,6 +28,7 @@ from .._protocol.http import (
     NotSent,
     Outcome,
     Send,
+    framed,
     request_headers,
 )
 from .._sync.rqlite_client import RqliteClient
@@ -111,6 +112,14 @@ class Urllib3Client(RqliteClient):
             return NoReply(repr(exc), f"no reply within {send.timeout:.1f}s")
         except (HTTPError, OSError) as exc:
             return NoReply(repr(exc), "connection dropped")
+        if not framed(
+            response.status,
+            response.headers.get("Content-Length"),
+            response.headers.get("Transfer-Encoding"),
+        ):
+            return NoReply(
+                f"the reply (HTTP {response.status}) was cut off in its headers", "reply cut off"
+            )
         return HttpReply(
             response.status, response.data, response.headers.get("Date"), sent_at, self.clock()
         )

@@ -168,6 +168,18 @@ class NoReply:
 
 
 Outcome = HttpReply | NotSent | NoReply
+
+
+def framed(status: int, content_length: str | None, transfer_encoding: str | None) -> bool:
+    """Whether a reply says where it ends (a `Content-Length`, or chunks), as every reply of
+    rqlite's with a body does. One that does not was cut off in its headers: an HTTP library
+    may hand it on as a reply with an empty body (urllib3 does, with a logged warning), and
+    its request may have been applied."""
+    if status < 200 or status in (204, 304):
+        return True
+    return content_length is not None or "chunked" in (transfer_encoding or "").lower()
+
+
 Action = Send | Sleep
 
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import click
 
 from ..rqlited import RqlitedNotFound, find_rqlited
+from ..toxiproxy import ToxiproxyNotFound, find_toxiproxy
 from ._base import (
     URL_ENV,
     cli,
@@ -46,6 +47,30 @@ def rqlited_command(build: bool) -> int:
     if info.warning:
         click.echo(f"warning: {info.path}: {info.warning}", err=True)
     click.echo(info.path)
+    return 0
+
+
+@cli.command("toxiproxy")
+@click.option(
+    "--build/--no-build",
+    default=True,
+    show_default=True,
+    help="Build it from toxiproxy's Go module when the cache has none and Go is installed.",
+)
+def toxiproxy_command(build: bool) -> int:
+    """Print the path of the toxiproxy server that local clusters' links run, building it first
+    if need be.
+
+    Toxiproxy v2.5.0 with a few toxics of this package's (microsecond latency, counters): looks
+    at $TOXIPROXY (only there, when set), then the cache beside rqlited's; none there and Go
+    installed: builds it into the cache (a minute the first time). `Cluster(links=...)` and
+    the pytest fixtures use what this finds."""
+    try:
+        path = find_toxiproxy(build=build, log=lambda line: click.echo(line, err=True))
+    except ToxiproxyNotFound as exc:
+        click.echo(f"error: {exc}", err=True)
+        return 1
+    click.echo(path)
     return 0
 
 

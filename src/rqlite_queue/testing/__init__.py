@@ -10,6 +10,7 @@ from ..local_cluster import (
     FAST_RAFT_ARGS,
     Cluster,
     ClusterError,
+    Links,
     Node,
     NodeStartError,
     PortInUse,
@@ -19,15 +20,21 @@ from ..local_cluster import (
     live_pids,
     rqlited_path,
 )
+from ..toxiproxy import ClusterLinks, Link, ToxiproxyNotFound, find_toxiproxy
 
 __all__ = [
     "FAST_RAFT_ARGS",
     "Cluster",
     "ClusterError",
+    "ClusterLinks",
+    "Link",
+    "Links",
     "Node",
     "NodeStartError",
     "PortInUse",
     "RqlitedNotFound",
+    "ToxiproxyNotFound",
+    "find_toxiproxy",
     "free_port",
     "kill_leftovers",
     "live_pids",

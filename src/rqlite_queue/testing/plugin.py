@@ -7,7 +7,11 @@ Registered through the `pytest11` entry point, so installing rqlite-queue is eno
 - `rqlite_cluster`, `rqlite_cluster3` (session): a shared 1-node and 3-node cluster, started
   when first asked for. Shared: do not kill their nodes (use `rqlite_cluster_factory`).
 - `rqlite_cluster_factory`: `make(n=3, **Cluster options)` starts a private cluster whose nodes
-  a test may kill, pause and restart; every one is stopped after the test.
+  a test may kill, pause and restart; every one is stopped after the test. With
+  `links=Links(rtt=0.001)` its nodes' Raft traffic and the clients' HTTP go through toxiproxy
+  (`cluster.links`: latency, a silent link, resets... per link; the server `toxiproxy_path`).
+- `toxiproxy_path` (session): the toxiproxy server of the links (`$TOXIPROXY`, else the cache
+  `rqlite-queue toxiproxy` builds into). A missing one is an error, not a skip.
 - `rqlite_queue_name`: a queue name of this test's own (queues in one cluster are independent).
 - `rqlite_transport`: a `Transport` on `rqlite_cluster`, on that queue; closed after the test.
 - `embedded_transport`: a `Transport` on an SQLite file in `tmp_path` (no rqlited needed).
@@ -29,6 +33,7 @@ import pytest
 from .. import Transport
 from ..local_cluster import Cluster, RqlitedNotFound, kill_leftovers
 from ..rqlited import check_rqlited, find_rqlited
+from ..toxiproxy import ToxiproxyNotFound, find_toxiproxy
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -54,6 +59,16 @@ def rqlited_path(pytestconfig: pytest.Config) -> str:
     return info.path
 
 
+@pytest.fixture(scope="session")
+def toxiproxy_path() -> str:
+    """The toxiproxy server that clusters with `links` run; fails (saying how to get it) when
+    missing."""
+    try:
+        return find_toxiproxy()
+    except ToxiproxyNotFound as exc:
+        pytest.fail(f"rqlite-queue fixtures: {exc}", pytrace=False)
+
+
 def _session_cluster(n: int, binary: str) -> Iterator[Cluster]:
     cluster = Cluster(n, binary=binary)
     try:
@@ -76,13 +91,17 @@ def rqlite_cluster3(rqlited_path: str) -> Iterator[Cluster]:
 
 
 @pytest.fixture
-def rqlite_cluster_factory(rqlited_path: str) -> Iterator[Callable[..., Cluster]]:
+def rqlite_cluster_factory(
+    rqlited_path: str, request: pytest.FixtureRequest
+) -> Iterator[Callable[..., Cluster]]:
     """`make(n=3, **options)`: a started private cluster, for failover tests (`.leader().kill()`,
     `.node("n2").restart()`...); all of them stopped after the test."""
     made: list[Cluster] = []
 
     def make(n: int = 3, **options: Any) -> Cluster:
         options.setdefault("binary", rqlited_path)
+        if options.get("links"):
+            request.getfixturevalue("toxiproxy_path")  # a clear failure when it is missing
         cluster = Cluster(n, **options)
         made.append(cluster)
         cluster.start()
