@@ -789,7 +789,17 @@ class Cluster:
         proc = spawn(binary, port, self.dir / "toxiproxy.log")
         _register(proc)
         self._toxiproxy = proc
-        api = Toxiproxy(f"http://{_HOST}:{port}")
+        log = self.dir / "toxiproxy.log"
+
+        def context() -> str:
+            state = "running" if proc.poll() is None else f"exited with code {proc.returncode}"
+            try:
+                tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:])
+            except OSError:
+                tail = "(no log)"
+            return f"the toxiproxy server (pid {proc.pid}) {state}; its log ends:\n{tail}"
+
+        api = Toxiproxy(f"http://{_HOST}:{port}", context=context)
         wait_api(api, proc)
         self.links = ClusterLinks(api, self.link_spec)
         return self.links

@@ -171,17 +171,26 @@ def build_toxiproxy(*, log: Callable[[str], None] | None = None) -> str:
 class Toxiproxy:
     """A running toxiproxy server's API (`http://127.0.0.1:PORT`)."""
 
-    def __init__(self, url: str, timeout: float = 5.0) -> None:
+    def __init__(
+        self, url: str, timeout: float = 5.0, context: Callable[[], str] | None = None
+    ) -> None:
+        """`context`: what to add to an error when the API does not answer (the server's
+        state and the end of its log)."""
         self.url = url.rstrip("/")
+        self.context = context
         self._pool = urllib3.PoolManager(
             timeout=urllib3.Timeout(total=timeout), retries=False, maxsize=4
         )
 
     def request(self, method: str, path: str, body: Any = None) -> Any:
         data = json.dumps(body).encode() if body is not None else None
-        reply = self._pool.request(
-            method, self.url + path, body=data, headers={"Content-Type": "application/json"}
-        )
+        try:
+            reply = self._pool.request(
+                method, self.url + path, body=data, headers={"Content-Type": "application/json"}
+            )
+        except urllib3.exceptions.HTTPError as exc:
+            more = f"\n{self.context()}" if self.context is not None else ""
+            raise ToxiproxyError(f"toxiproxy {method} {path}: no answer: {exc}{more}") from exc
         if reply.status >= 300:
             raise ToxiproxyError(
                 f"toxiproxy {method} {path}: HTTP {reply.status}: {reply.data[:300]!r}"
@@ -260,6 +269,10 @@ class Link:
         self.api.request("POST", f"/proxies/{self.name}/toxics", body)
         return toxic
 
+    def update(self, toxic: str, **attributes: float) -> None:
+        """Change attributes of a toxic in place (e.g. `cut`'s `every=0`: it stops cutting)."""
+        self.api.request("POST", f"/proxies/{self.name}/toxics/{toxic}", {"attributes": attributes})
+
     def remove(self, toxic: str) -> None:
         self.api.request("DELETE", f"/proxies/{self.name}/toxics/{toxic}")
 
@@ -272,10 +285,13 @@ class Link:
         found: dict[str, Any] = self.api.request("GET", f"/proxies/{self.name}/toxics/{name}")
         return found
 
-    def clear(self) -> None:
-        """Remove every toxic of this link."""
+    def clear(self, keep: tuple[str, ...] = ()) -> None:
+        """Remove every toxic of this link but those named in `keep`, and enable it."""
         for toxic in self.toxics():
-            self.remove(toxic["name"])
+            if toxic["name"] not in keep:
+                self.remove(toxic["name"])
+        if not self.api.request("GET", f"/proxies/{self.name}")["enabled"]:
+            self.enable()
 
     def retarget(self, upstream: str) -> None:
         """Pass connections on to `upstream` from now on."""
@@ -382,6 +398,10 @@ class Links:
     jitter: float = 0.1
 
 
+LATENCY = ("latency_upstream", "latency_downstream")
+SETTLE = 0.2
+
+
 class ClusterLinks:
     """The links of a running cluster, by node id: `raft[node_id]` (into its Raft port) and
     `http[node_id]` (into its HTTP port, when the clients' HTTP goes through the proxy). A
@@ -412,20 +432,25 @@ class ClusterLinks:
 
     def clear(self) -> None:
         """Every link enabled again and every toxic removed, except the round trip set by
-        `latency` (or `Links.rtt`)."""
-        self.api.reset()
-        if self.rtt > 0:
-            self.latency(self.rtt, self.jitter)
+        `latency` (or `Links.rtt`), which stays in place."""
+        for link in self.all():
+            link.clear(keep=LATENCY)
+        # Toxiproxy 2.5.0 panics when a toxic is added to a connection whose last toxic
+        # closed it (timeout, reset_peer, limit_data, cut do) before the connection is
+        # dropped from its proxy, which takes a moment after the removal.
+        time.sleep(SETTLE)
 
-    def isolate(self, node_id: str) -> None:
-        """Cut `node_id` off through the proxies: its own links disabled (nothing reaches it:
-        new connections refused, open ones closed) and the connections it holds open into the
-        others' Raft links silenced (`sever`; a proxy cannot tell callers apart, so the
-        connections it opens later still pass: a node that led gets no votes while the others
-        have a new leader). `clear()` ends it."""
+    def isolate(self, node_id: str, window: float = 0.3) -> None:
+        """Cut `node_id` off through the proxies, as a partition does (packets dropped, no
+        reset): its own links silent (nothing reaches it, and it answers no one) and the
+        connections it holds open into the others' Raft links silenced too (`sever`: those
+        open now that carry data within `window` seconds, as a leader's heartbeats do). A
+        proxy cannot tell callers apart, so connections the node opens later still pass: a
+        node that led gets no votes while the others have a new leader. `clear()` ends it."""
         for link in self.of(node_id):
-            link.disable()
+            link.silent()
+        ms = round(window * 1000)
         for other, link in self.raft.items():
             if other != node_id:
-                link.add("sever", "upstream", name="sever_upstream")
-                link.add("sever", "downstream", name="sever_downstream")
+                link.add("sever", "upstream", name="sever_upstream", window=ms)
+                link.add("sever", "downstream", name="sever_downstream", window=ms)

@@ -111,7 +111,8 @@ func (t *Tally) Pipe(stub *toxics.ToxicStub) {
 // Cut passes `keep` bytes (keep < 0: all but -keep) of the chunk that begins one HTTP message
 // in `every` (counted per proxy and direction) and then closes the connection: on the
 // downstream, a reply broken off in its middle after the node did the work. Cut counts the
-// messages it broke off.
+// messages it broke off; `every` set to 0 (an update of the toxic) stops it, so that its count
+// can be read before it is removed.
 type Cut struct {
 	Every int64 `json:"every"`
 	Keep  int64 `json:"keep"`
@@ -121,7 +122,7 @@ type Cut struct {
 
 func (t *Cut) MarshalJSON() ([]byte, error) {
 	return json.Marshal(map[string]int64{
-		"every": t.Every,
+		"every": atomic.LoadInt64(&t.Every),
 		"keep":  t.Keep,
 		"seen":  atomic.LoadInt64(&t.Seen),
 		"cuts":  atomic.LoadInt64(&t.Cuts),
@@ -142,11 +143,8 @@ func (t *Cut) Pipe(stub *toxics.ToxicStub) {
 				stub.Output <- c
 				continue
 			}
-			every := t.Every
-			if every < 1 {
-				every = 1
-			}
-			if atomic.AddInt64(&t.Seen, 1)%every != 0 {
+			every := atomic.LoadInt64(&t.Every)
+			if every < 1 || atomic.AddInt64(&t.Seen, 1)%every != 0 {
 				stub.Output <- c
 				continue
 			}
@@ -167,26 +165,35 @@ func (t *Cut) Pipe(stub *toxics.ToxicStub) {
 	}
 }
 
-// Sever silences the connections that were open when it was added (their data is dropped until
-// it is removed) and lets later ones pass. Toxiproxy sits in front of a node's port and cannot
-// tell callers apart: to cut a leader off, its own proxies are disabled and sever is put on the
-// followers', which silences the leader's open connections to them (the only ones open while
-// it leads) and not the connections the followers open to each other to elect a new leader.
+// Sever silences the connections that were open when it was added and carry data within
+// `window` ms of that (their data is dropped until it is removed); the others pass. Toxiproxy
+// sits in front of a node's port and cannot tell callers apart: to cut a leader off, its own
+// proxies are made silent and sever is put on the followers', which silences the leader's
+// connections to them (its heartbeats flow every few tens of ms) and neither the connections
+// the followers open to elect a new leader nor the idle ones they kept from an earlier term.
 type Sever struct {
+	Window  int64 `json:"window"`
 	created time.Time
 }
 
 const severGrace = 20 * time.Millisecond // existing links start their copy within this
 
 func (t *Sever) UnmarshalJSON(data []byte) error {
+	var attributes struct {
+		Window int64 `json:"window"`
+	}
+	if err := json.Unmarshal(data, &attributes); err != nil {
+		return err
+	}
+	t.Window = attributes.Window
 	t.created = time.Now()
 	return nil
 }
 
-func (t *Sever) MarshalJSON() ([]byte, error) { return []byte("{}"), nil }
-
 func (t *Sever) Pipe(stub *toxics.ToxicStub) {
 	existing := !t.created.IsZero() && time.Since(t.created) < severGrace
+	window := t.created.Add(time.Duration(t.Window) * time.Millisecond)
+	decided, drop := !existing, false
 	for {
 		select {
 		case <-stub.Interrupt:
@@ -196,7 +203,10 @@ func (t *Sever) Pipe(stub *toxics.ToxicStub) {
 				stub.Close()
 				return
 			}
-			if !existing {
+			if !decided {
+				decided, drop = true, c.Timestamp.Before(window)
+			}
+			if !drop {
 				stub.Output <- c
 			}
 		}
