@@ -388,6 +388,8 @@ def test_long_failover_with_the_defaults(rqlited_path: str, tmp_path: Path) -> N
 
 
 FAILOVER_BEGIN, FAILOVER_END = "<!-- failover: begin -->", "<!-- failover: end -->"
+LINKS_BEGIN, LINKS_END = "<!-- links: begin -->", "<!-- links: end -->"
+"""The link faults' section (test_link_faults.py writes it)."""
 
 
 def _write_failover_section(config: FailoverConfig, summary: str) -> None:
@@ -450,7 +452,11 @@ def _kept_sections() -> str:
     text = page.read_text() if page.exists() else ""
     kept = [
         begin + text.split(begin, 1)[1].split(end, 1)[0] + end + "\n"
-        for begin, end in ((FAILOVER_BEGIN, FAILOVER_END), (CHAINS_BEGIN, CHAINS_END))
+        for begin, end in (
+            (FAILOVER_BEGIN, FAILOVER_END),
+            (CHAINS_BEGIN, CHAINS_END),
+            (LINKS_BEGIN, LINKS_END),
+        )
         if begin in text
     ]
     return "\n".join(kept)
