@@ -77,7 +77,9 @@ def create_app(
 ) -> Starlette:
     """The dashboard of `transport`'s queue. Read-only unless `allow_actions`; behind HTTP
     Basic (`basic_auth=(user, password)`) or a bearer token when given (failed logins are
-    throttled per client address: 429); pages refresh every `refresh` seconds.
+    throttled per client address, the one the server gives in `scope["client"]`: 429; those a
+    browser says a page of another site made it send are counted apart, so such a page cannot
+    lock out the operator's own requests); pages refresh every `refresh` seconds.
 
     `allowed_hosts`: the `Host` names it answers to (`name` for any port, `name:port`); any
     other gets 400 (the defence against DNS rebinding). None (the default) answers to any: for

@@ -4,7 +4,8 @@
   resolve to the dashboard's address (DNS rebinding) sends its own name, and is refused.
 - Optional access control for the whole dashboard: HTTP Basic (a browser asks for it) or a
   bearer token (scripts); both compared in constant time; failed logins are throttled per
-  client address (`Throttle`).
+  client address (`Throttle`), those another site's page made a browser send counted apart.
+- Where a form may send a browser back to (`same_site_path`): a path of this site only.
 - State-changing requests are POSTs from the dashboard's own origin (`origin_of`) that carry
   the CSRF token of their session: an HMAC, under a key of this dashboard process, of a random
   session id held in an HttpOnly cookie (`Csrf`). Another site's page can neither read the
