@@ -165,11 +165,14 @@ def cli_run(
             for a in args
         ]
         capsys.readouterr()
+        handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
         began = time.monotonic()
         try:
             status = _run(filled)
         finally:
             _state.exit_hard = False  # (the worker's os._exit is the entry point's, not ours)
+            for sig, handler in handlers.items():  # (the demo's, say: not this process's)
+                signal.signal(sig, handler)
         seconds = time.monotonic() - began
         out, err = capsys.readouterr()
         return Ran(status, out, err, seconds)
