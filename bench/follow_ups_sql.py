@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from rqlite_queue import SqliteTransport  # noqa: E402
 from rqlite_queue._protocol.params import RoundSpec  # noqa: E402
-from rqlite_queue._protocol.sql import Batch  # noqa: E402
+from rqlite_queue._protocol.plan import Batch  # noqa: E402
 
 
 def follow_up(into: str, n: int) -> Any:

@@ -48,10 +48,9 @@ from systems import (
 from workloads import QUEUE, make_core
 
 from rqlite_queue import Lease
-from rqlite_queue._protocol.core import Plan
 from rqlite_queue._protocol.http import parse_reply, request_for
 from rqlite_queue._protocol.params import RoundSpec
-from rqlite_queue._protocol.sql import Reply
+from rqlite_queue._protocol.plan import Plan, Reply
 from rqlite_queue.testing import Cluster
 from rqlite_queue.types import Round
 

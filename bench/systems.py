@@ -24,7 +24,9 @@ import httpx
 import seed_transport as seed
 import urllib3
 
-from rqlite_queue._protocol import sql as qsql
+from rqlite_queue._protocol import schema
+from rqlite_queue._protocol.names import Names
+from rqlite_queue._protocol.plan import Statement
 
 SEED_TABLES = ("messages", "groups")
 WRITE_PATH = "/db/request?transaction"
@@ -33,8 +35,8 @@ POOL_SIZE = 32  # as the library's (rqlite_queue._io.urllib3_client.POOL_SIZE)
 _CLK_TCK = float(os.sysconf("SC_CLK_TCK"))
 
 
-def names(queue: str) -> qsql.Names:
-    return qsql.Names.of(queue)
+def names(queue: str) -> Names:
+    return Names.of(queue)
 
 
 def our_tables(queue: str) -> list[str]:
@@ -155,7 +157,7 @@ def _chunks(n: int) -> list[tuple[int, int]]:
     return [(start, min(n, start + _CHUNK) - 1) for start in range(0, n, _CHUNK)]
 
 
-def _statement(s: qsql.Statement) -> list[Any]:
+def _statement(s: Statement) -> list[Any]:
     if isinstance(s.params, dict):
         return [s.sql, dict(s.params)] if s.params else [s.sql]
     return [s.sql, *s.params]
@@ -170,8 +172,8 @@ def reset_ours(admin: Admin, queue: str) -> None:
     n = names(queue)
     drops: list[list[Any]] = [[f"DROP TABLE IF EXISTS {t}"] for t in n.tables]
     admin.execute(drops)
-    admin.execute([_statement(s) for s in qsql.bootstrap(n).statements])
-    admin.execute([_statement(s) for s in qsql.create(n).statements])
+    admin.execute([_statement(s) for s in schema.bootstrap_batch(n).statements])
+    admin.execute([_statement(s) for s in schema.create(n).statements])
 
 
 def _build_groups(admin: Admin, table: str, groups: int, priority: int, prefix: str) -> None:

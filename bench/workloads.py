@@ -62,7 +62,7 @@ from rqlite_queue import AsyncTransport, Transport
 from rqlite_queue._protocol.core import QueueCore
 from rqlite_queue._protocol.http import parse_reply, request_for
 from rqlite_queue._protocol.params import Message, RoundSpec
-from rqlite_queue._protocol.sql import Reply
+from rqlite_queue._protocol.plan import Reply
 
 QUEUE = "bench"
 

@@ -18,7 +18,7 @@ import pytest
 
 from rqlite_queue import AsyncSqliteTransport, AsyncTransport, SqliteTransport, Transport
 from rqlite_queue._io.backup_files import write_whole
-from rqlite_queue._protocol.sql import SCHEMA_VERSION
+from rqlite_queue._protocol.schema import SCHEMA_VERSION
 from rqlite_queue.backup import backup, backup_async, restore, restore_async, shard_file
 from rqlite_queue.cli import main
 from rqlite_queue.errors import (

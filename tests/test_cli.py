@@ -25,7 +25,7 @@ import pytest
 from click.testing import CliRunner
 
 from rqlite_queue import LeaseLost, Transport
-from rqlite_queue._protocol.sql import Batch, Statement
+from rqlite_queue._protocol.plan import Batch, Statement
 from rqlite_queue.cli import cli
 from rqlite_queue.testing import Cluster, free_port
 

@@ -18,8 +18,10 @@ import pytest
 
 from rqlite_queue._io.sqlite import SqliteExecutor
 from rqlite_queue._io.urllib3_client import Urllib3Client
-from rqlite_queue._protocol import sql
+from rqlite_queue._protocol import schema, sql, tenants
 from rqlite_queue._protocol.http import parse_endpoints, parse_reply, request_for
+from rqlite_queue._protocol.names import Names
+from rqlite_queue._protocol.plan import Batch, Result, Statement
 from rqlite_queue.testing import Cluster
 
 BACKLOG = 20_000
@@ -45,10 +47,10 @@ FULL_SCAN = re.compile(
 TENANTS = 1_000
 NO_SETTLE = sql.Settle()
 
-Execute = Callable[[sql.Batch], list[sql.Result]]
+Execute = Callable[[Batch], list[Result]]
 
 
-def hot_batches(n: sql.Names) -> dict[str, sql.Batch]:
+def hot_batches(n: Names) -> dict[str, Batch]:
     held = sql.Held(5, "g5", "token")
     many = [sql.Held(i, f"g{i}", f"t{i}") for i in range(100, 132)]
     dedup = sql.NewMessage("g", "{}", 0, "dedup-id")
@@ -56,14 +58,14 @@ def hot_batches(n: sql.Names) -> dict[str, sql.Batch]:
 
     def claim(
         count: int, floor: int = 0, settle: sql.Settle = NO_SETTLE, fair: bool = False
-    ) -> sql.Batch:
+    ) -> Batch:
         claim = sql.Claim("t", 10.0, count, floor, fair)
         return sql.round_trip(n, now=5.0, settle=settle, claim=claim)
 
-    def settle(**parts: Any) -> sql.Batch:
+    def settle(**parts: Any) -> Batch:
         return sql.round_trip(n, now=1.0, settle=sql.Settle(**parts))
 
-    def publish(messages: list[sql.NewMessage], prune: float | None = None) -> sql.Batch:
+    def publish(messages: list[sql.NewMessage], prune: float | None = None) -> Batch:
         return sql.publish(n, messages, now=1.0, dedup_until=2.0, prune_before=prune)
 
     return {
@@ -124,19 +126,19 @@ def hot_batches(n: sql.Names) -> dict[str, sql.Batch]:
         "cancel_group": sql.cancel_group(n, "g5", "why", now=1.0),
         "set_priority": sql.set_priority(n, "g5", 3),
         "pause": sql.set_paused(n, True),
-        "set_tenant": sql.set_tenant(n, "t7", {"weight": 2.0}, now=1.0),
-        "set_tenant limits": sql.set_tenant(
+        "set_tenant": tenants.store(n, "t7", {"weight": 2.0}, now=1.0),
+        "set_tenant limits": tenants.store(
             n, "t7", {"cap": 3, "rate": 5.0, "burst": 5.0, "max_queued": 9}, now=1.0
         ),
     }
 
 
-def create(n: sql.Names, execute: Execute) -> None:
-    execute(sql.bootstrap(n))
-    execute(sql.create(n))
+def create(n: Names, execute: Execute) -> None:
+    execute(schema.bootstrap_batch(n))
+    execute(schema.create(n))
 
 
-def backlog(n: sql.Names, execute: Execute) -> None:
+def backlog(n: Names, execute: Execute) -> None:
     """BACKLOG groups of one message each, a priority-4 group, and as many delayed messages
     (half of them the heads of their own groups, half behind the head of another)."""
     create(n, execute)
@@ -154,11 +156,11 @@ def backlog(n: sql.Names, execute: Execute) -> None:
         )
 
 
-def full_scans(execute: Execute, batch: sql.Batch) -> list[str]:
+def full_scans(execute: Execute, batch: Batch) -> list[str]:
     found = []
     for statement in batch.statements:
-        explain = sql.Batch(
-            (sql.Statement("EXPLAIN QUERY PLAN " + statement.sql, statement.params),),
+        explain = Batch(
+            (Statement("EXPLAIN QUERY PLAN " + statement.sql, statement.params),),
             write=False,
         )
         details = [str(row[3]) for row in execute(explain)[0].rows]
@@ -169,7 +171,7 @@ def full_scans(execute: Execute, batch: sql.Batch) -> list[str]:
 @pytest.fixture(scope="module")
 def sqlite_execute(tmp_path_factory: pytest.TempPathFactory) -> Execute:
     executor = SqliteExecutor(str(Path(tmp_path_factory.mktemp("plans")) / "q.db"))
-    backlog(sql.Names.of("plans"), lambda batch: executor.execute(batch, time.monotonic() + 60))
+    backlog(Names.of("plans"), lambda batch: executor.execute(batch, time.monotonic() + 60))
     return lambda batch: executor.execute(batch, time.monotonic() + 60)
 
 
@@ -179,12 +181,12 @@ def rqlite_execute(rqlite_cluster: Cluster) -> Iterator[Execute]:
     # final: the whole deadline for each batch (a loaded machine takes more than the one
     # second a resendable write waits before it gives its node up).
     backlog(
-        sql.Names.of("plans"),
+        Names.of("plans"),
         lambda batch: client.execute(batch, time.monotonic() + 120, final=True),
     )
     http = httpx.Client(base_url=rqlite_cluster.url, timeout=60)
 
-    def explain(batch: sql.Batch) -> list[sql.Result]:
+    def explain(batch: Batch) -> list[Result]:
         # /db/query runs on a read-only connection, where even EXPLAIN of an UPDATE is
         # refused; a strong /db/request runs it on the writable one (as a write would).
         request = request_for(batch)
@@ -196,20 +198,20 @@ def rqlite_execute(rqlite_cluster: Cluster) -> Iterator[Execute]:
     client.close()
 
 
-@pytest.mark.parametrize("name", list(hot_batches(sql.Names.of("plans"))))
+@pytest.mark.parametrize("name", list(hot_batches(Names.of("plans"))))
 @pytest.mark.parametrize("backend", ["sqlite", "rqlite"])
 def test_no_full_scan(name: str, backend: str, request: pytest.FixtureRequest) -> None:
     execute: Execute = request.getfixturevalue(f"{backend}_execute")
-    assert full_scans(execute, hot_batches(sql.Names.of("plans"))[name]) == []
+    assert full_scans(execute, hot_batches(Names.of("plans"))[name]) == []
 
 
-def metrics_reads(n: sql.Names) -> dict[str, sql.Batch]:
+def metrics_reads(n: Names) -> dict[str, Batch]:
     """The reads `stats()` added for the Prometheus gauges (issue 24), each alone: the count of
     groups waiting for a delayed head, and the pass over the groups per priority that now
     also finds each priority's oldest head."""
     stats = sql.stats(n, now=5.0)
     return {
-        slot: sql.Batch((stats.statements[stats.slots[slot]],), write=False)
+        slot: Batch((stats.statements[stats.slots[slot]],), write=False)
         for slot in ("delayed_groups", "by_priority")
     }
 
@@ -219,7 +221,7 @@ def metrics_reads(n: sql.Names) -> dict[str, sql.Batch]:
 STATS_GROUPS_PASS = ["SCAN g"]
 
 
-@pytest.mark.parametrize("name", list(metrics_reads(sql.Names.of("plans"))))
+@pytest.mark.parametrize("name", list(metrics_reads(Names.of("plans"))))
 @pytest.mark.parametrize("backend", ["sqlite", "rqlite"])
 def test_the_metrics_reads_are_index_driven(
     name: str, backend: str, request: pytest.FixtureRequest
@@ -227,17 +229,17 @@ def test_the_metrics_reads_are_index_driven(
     execute: Execute = request.getfixturevalue(f"{backend}_execute")
     found = [
         scan.rpartition(": ")[2]
-        for scan in full_scans(execute, metrics_reads(sql.Names.of("plans"))[name])
+        for scan in full_scans(execute, metrics_reads(Names.of("plans"))[name])
     ]
     assert found == (STATS_GROUPS_PASS if name == "by_priority" else [])
 
 
 def test_the_checker_sees_a_full_scan(sqlite_execute: Execute) -> None:
     """The seed's claim scans the messages table: the check above would catch it."""
-    n = sql.Names.of("plans")
-    seed_claim = sql.Batch(
+    n = Names.of("plans")
+    seed_claim = Batch(
         (
-            sql.Statement(
+            Statement(
                 f"SELECT m.seq FROM {n.messages} m JOIN {n.groups} g "
                 f"ON g.group_id = m.group_id WHERE g.priority >= 4 ORDER BY g.turn, m.seq"
             ),
@@ -246,7 +248,7 @@ def test_the_checker_sees_a_full_scan(sqlite_execute: Execute) -> None:
     assert full_scans(sqlite_execute, seed_claim)
 
 
-def vm_steps(path: str, batch: sql.Batch) -> int:
+def vm_steps(path: str, batch: Batch) -> int:
     """SQLite virtual-machine instructions to run the batch (rolled back): a measure of work
     that does not depend on the machine's speed or load."""
     con = sqlite3.connect(path, isolation_level=None)
@@ -272,19 +274,19 @@ SEED_CLAIM = (
 )
 
 
-@pytest.mark.parametrize("name", [*hot_batches(sql.Names.of("plans")), "seed claim (must grow)"])
+@pytest.mark.parametrize("name", [*hot_batches(Names.of("plans")), "seed claim (must grow)"])
 def test_claim_cost_is_flat(name: str, tmp_path: Path) -> None:
     """Each hot batch does about the same work behind 1 000 or 20 000 groups (20 a tenant:
     50 or 1 000 tenants); the seed's claim shows the check can fail."""
-    n = sql.Names.of("plans")
+    n = Names.of("plans")
     batches = hot_batches(n)
-    batches["seed claim (must grow)"] = sql.Batch((sql.Statement(SEED_CLAIM.format(n=n)),))
+    batches["seed claim (must grow)"] = Batch((Statement(SEED_CLAIM.format(n=n)),))
     sizes = {}
     for size in (1000, BACKLOG):
         path = str(tmp_path / f"q{size}.db")
         executor = SqliteExecutor(path)
 
-        def execute(batch: sql.Batch, executor: SqliteExecutor = executor) -> list[sql.Result]:
+        def execute(batch: Batch, executor: SqliteExecutor = executor) -> list[Result]:
             return executor.execute(batch, time.monotonic() + 60)
 
         create(n, execute)
@@ -322,16 +324,16 @@ TENANT_HOT = (
 def _tenanted_queue(path: str, groups: int, per_group: int, tenants: int) -> None:
     """`groups` groups of `per_group` messages over `tenants` tenants, a tenth of them with a
     cap, a rate and bounds (far from reached), published in batches."""
-    n = sql.Names.of("plans")
+    n = Names.of("plans")
     executor = SqliteExecutor(path)
 
-    def execute(batch: sql.Batch) -> list[sql.Result]:
+    def execute(batch: Batch) -> list[Result]:
         return executor.execute(batch, time.monotonic() + 600)
 
     create(n, execute)
     for t in range(0, tenants, 10):
         limits = {"cap": 10**6, "rate": 1e5, "burst": 1e5, "max_queued": 10**8}
-        execute(sql.set_tenant(n, f"t{t}", limits, now=1.0))
+        execute(tenants.store(n, f"t{t}", limits, now=1.0))
     step = 20_000
     for start in range(0, groups * per_group, step):
         messages = [
@@ -362,7 +364,7 @@ def test_tenant_hot_paths_are_flat_behind_a_million_messages(tmp_path: Path) -> 
     small, large = str(tmp_path / "small.db"), str(tmp_path / "large.db")
     _tenanted_queue(small, 40_000, 1, 1_000)
     _tenanted_queue(large, 100_000, 10, 1_000)
-    batches = hot_batches(sql.Names.of("plans"))
+    batches = hot_batches(Names.of("plans"))
     grown = {}
     for name in TENANT_HOT:
         steps = (vm_steps(small, batches[name]), vm_steps(large, batches[name]))

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from rqlite_queue import OutcomeUnknown, RqliteTransport, SqliteTransport, Transport
-from rqlite_queue._protocol.sql import Batch, Result
+from rqlite_queue._protocol.plan import Batch, Result
 from rqlite_queue.testing import Cluster
 
 

@@ -26,7 +26,7 @@ from rqlite_queue import (
     Worker,
     from_url,
 )
-from rqlite_queue._protocol.sql import Batch, Statement
+from rqlite_queue._protocol.plan import Batch, Statement
 from rqlite_queue.errors import TransportClosed
 from rqlite_queue.testing import Cluster
 

@@ -27,7 +27,7 @@ import pytest
 
 from rqlite_queue import AsyncSqliteTransport, InvalidArgument, SqliteTransport, Unavailable
 from rqlite_queue._protocol import sql as sql_module
-from rqlite_queue._protocol.sql import Batch, Statement
+from rqlite_queue._protocol.plan import Batch, Statement
 from rqlite_queue.codec import JsonCodec
 from rqlite_queue.errors import BackendError
 from rqlite_queue.types import Stats

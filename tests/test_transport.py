@@ -24,7 +24,7 @@ from rqlite_queue import (
 )
 from rqlite_queue._protocol.http import parse_endpoints
 from rqlite_queue._protocol.params import RoundSpec
-from rqlite_queue._protocol.sql import Batch, Statement
+from rqlite_queue._protocol.plan import Batch, Statement
 from rqlite_queue.errors import BackendError, SchemaError
 from rqlite_queue.testing import Cluster, Node, free_port
 

@@ -24,7 +24,7 @@ from rqlite_queue import (
     SqliteTransport,
     Transport,
 )
-from rqlite_queue._protocol.sql import Batch, Statement
+from rqlite_queue._protocol.plan import Batch, Statement
 from rqlite_queue.errors import SchemaError, TransportClosed
 from rqlite_queue.testing import Cluster
 from rqlite_queue.worker import AsyncWorker, Backoff, Park, Worker

@@ -8,12 +8,15 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import group_states
+
 MAX_PRIORITY = 4
 """Priorities are 0 (the default) to 4."""
 MAX_BATCH = 10_000
 """Most messages claimed, settled, listed, or named by seq in one call."""
-GROUP_STATES = ("ready", "leased", "parked", "delayed", "held")
-"""The values of `GroupInfo.state` (and of `groups(state=...)`)."""
+GROUP_STATES = group_states.GROUP_STATES
+"""The values of `GroupInfo.state` (and of `groups(state=...)`): `group_states` says what each
+means."""
 
 PublishItem = tuple[str, Any] | tuple[str, Any, int] | Mapping[str, Any]
 """`(group_id, event)`, `(group_id, event, priority)`, or a mapping with those keys (and

@@ -4,7 +4,7 @@ refused at its next call with `SchemaError`, and nothing of that call applies (b
 fence, a client checked the version once, at its first call, and went on writing to tables it
 did not know). A client whose data was restored from an older copy upgrades it again and goes
 on. On SQLite and on rqlite; a newer migration is played by raising the stored version, as
-the next library's `sql.migrate` does last."""
+the next library's `schema.migrate` does last."""
 
 from __future__ import annotations
 
@@ -18,7 +18,9 @@ import httpx
 import pytest
 
 from rqlite_queue import AsyncSqliteTransport, RqliteTransport, SqliteTransport, Transport
-from rqlite_queue._protocol import sql
+from rqlite_queue._protocol import schema
+from rqlite_queue._protocol.names import Names
+from rqlite_queue._protocol.sql import STALE_EPOCH_ERROR
 from rqlite_queue.errors import SchemaError
 from rqlite_queue.testing import Cluster
 
@@ -80,7 +82,8 @@ def backend(
 
 
 def migrated_by_newer_library(run: Sql) -> None:
-    run(f"UPDATE rq_default_meta SET value = {sql.SCHEMA_VERSION + 1} WHERE key = 'schema_version'")
+    newer = schema.SCHEMA_VERSION + 1
+    run(f"UPDATE rq_default_meta SET value = {newer} WHERE key = 'schema_version'")
 
 
 def test_a_running_client_is_refused_once_a_newer_library_migrated(
@@ -93,7 +96,7 @@ def test_a_running_client_is_refused_once_a_newer_library_migrated(
     (lease,) = old.settle_and_claim("w", 30, 1).leases
     migrated_by_newer_library(run)
 
-    with pytest.raises(SchemaError, match=f"has schema version {sql.SCHEMA_VERSION + 1}"):
+    with pytest.raises(SchemaError, match=f"has schema version {schema.SCHEMA_VERSION + 1}"):
         old.publish("g", 3)
     with pytest.raises(SchemaError):
         old.settle_and_claim("w", 30, 1, ack=[lease])
@@ -118,18 +121,18 @@ def test_a_client_upgrades_data_restored_from_an_older_copy_and_goes_on(
     make, run, restore = backend
     client = make()
     client.publish("before", 1)
-    older = FIXTURES / f"v{sql.SCHEMA_VERSION - 1}.db"
+    older = FIXTURES / f"v{schema.SCHEMA_VERSION - 1}.db"
     copy = tmp_path / older.name
     shutil.copy(older, copy)
     restore(copy)
     assert run("SELECT value FROM rq_default_meta WHERE key = 'schema_version'") == [
-        [sql.SCHEMA_VERSION - 1]
+        [schema.SCHEMA_VERSION - 1]
     ]
 
     seq = client.publish("after", 2)  # the fence fails it; upgraded; sent again
 
     assert run("SELECT value FROM rq_default_meta WHERE key = 'schema_version'") == [
-        [sql.SCHEMA_VERSION]
+        [schema.SCHEMA_VERSION]
     ]
     assert run(f"SELECT group_id FROM rq_default_messages WHERE seq = {seq}") == [["after"]]
     assert run("SELECT count(*) FROM rq_default_messages WHERE group_id = 'before'") == [[0]]
@@ -187,13 +190,16 @@ def test_the_fence_fails_otherwise_than_a_shard_epoch_guard() -> None:
     """A sharded client on an old shard list is told so (StaleShardList), not that the schema
     changed: the two guards fail with different errors (they once shared one, and a stale
     client was sent to re-check a schema that had not moved)."""
-    names = sql.Names.of("q")
-    fence = sql.SCHEMA_FENCE_ERROR.format(meta=names.meta)
-    assert fence != sql.STALE_EPOCH_ERROR.format(meta=names.meta)
+    names = Names.of("q")
+    fence = schema.FENCE_ERROR.format(meta=names.meta)
+    assert fence != STALE_EPOCH_ERROR.format(meta=names.meta)
     db = sqlite3.connect(":memory:")
-    for statement in [*sql.bootstrap(names).statements, *sql.create(names).statements]:
+    for statement in [
+        *schema.bootstrap_batch(names).statements,
+        *schema.create(names).statements,
+    ]:
         db.execute(statement.sql, statement.params)
     db.execute(f"UPDATE {names.meta} SET value = value + 1 WHERE \"key\" = 'schema_version'")
-    guard = sql.fenced(names, sql.Batch(())).statements[-1]
+    guard, _ = schema.fence(names, write=True)
     with pytest.raises(sqlite3.IntegrityError, match=fence):
         db.execute(guard.sql, guard.params)

@@ -44,13 +44,13 @@ import httpx
 import pytest
 
 import rqlite_queue
-from rqlite_queue._protocol import sql
+from rqlite_queue._protocol import schema
 from rqlite_queue.testing import Cluster
 
 PREVIOUS = "7d8bf89d7c5098068ecbb0833dd96d2aa1a6de08"
 """The commit whose code is the previous schema version's (its SCHEMA_VERSION is this one's
 less one; the test checks). Choose the last commit before the one that raised SCHEMA_VERSION:
-`git log -S "SCHEMA_VERSION = N" --oneline -- src/rqlite_queue/_protocol/sql.py` names the
+`git log -S "SCHEMA_VERSION = N" --oneline -- src/rqlite_queue/_protocol/` names the
 commit that raised it to N; take its parent, if its code runs. For v6 that is not so: the
 parent of 6f35214 (which raised it) is cfc8ae6, and it and eaf7b3e are v5 commits whose sql.py
 and core.py lag their params.py (a publish fails there), so PREVIOUS is eaf7b3e's parent,
@@ -101,26 +101,33 @@ def next_src(tmp_path_factory: pytest.TempPathFactory) -> Path:
         target / "rqlite_queue",
         ignore=shutil.ignore_patterns("__pycache__"),
     )
-    sql_py = target / "rqlite_queue" / "_protocol" / "sql.py"
-    sql_py.write_text(
-        sql_py.read_text()
-        + "\n\nSCHEMA_VERSION += 1\n\n\n"
-        + "def _to_next(b: _Builder, n: Names) -> None:\n"
-        + '    b.add(f"ALTER TABLE {n.messages} ADD COLUMN rolling_test TEXT")\n\n\n'
-        + "MIGRATIONS[SCHEMA_VERSION] = _to_next\n"
+    schema_py = target / "rqlite_queue" / "_protocol" / "schema.py"
+    schema_py.write_text(
+        schema_py.read_text()
+        + "\n\nSCHEMA_VERSION += 1\n"
+        + "MIGRATIONS[SCHEMA_VERSION] = "
+        + '(Sql("ALTER TABLE {messages} ADD COLUMN rolling_test TEXT"),)\n'
     )
     return target
 
 
+def _schema_module(src: Path) -> str:
+    """The text of the module that holds SCHEMA_VERSION (schema.py; sql.py before it)."""
+    protocol = src / "rqlite_queue" / "_protocol"
+    schema_py = protocol / "schema.py"
+    return (schema_py if schema_py.exists() else protocol / "sql.py").read_text()
+
+
 def schema_version(src: Path) -> int:
-    text = (src / "rqlite_queue" / "_protocol" / "sql.py").read_text()
+    text = _schema_module(src)
     found = re.search(r"^SCHEMA_VERSION = (\d+)$", text, re.MULTILINE)
     assert found is not None
     return int(found.group(1)) + ("\nSCHEMA_VERSION += 1\n" in text)
 
 
 def has_fence(src: Path) -> bool:
-    return "SCHEMA_FENCE_ERROR" in (src / "rqlite_queue" / "_protocol" / "sql.py").read_text()
+    text = _schema_module(src)
+    return "SCHEMA_FENCE_ERROR" in text or "FENCE_ERROR = " in text
 
 
 # ------------------------------------------------------------------------------ the run
@@ -355,9 +362,10 @@ def check_fifo_and_exclusivity(lines: list[list[str]], *, repeats_allowed: bool)
 
 
 def test_previous_version_beside_this_one(run: Callable[..., Run], previous_src: Path) -> None:
-    assert schema_version(previous_src) == sql.SCHEMA_VERSION - 1, (
+    this = schema.SCHEMA_VERSION
+    assert schema_version(previous_src) == this - 1, (
         f"PREVIOUS ({PREVIOUS[:12]}) is at schema v{schema_version(previous_src)}, this code "
-        f"at v{sql.SCHEMA_VERSION}: pin PREVIOUS to the last commit of v{sql.SCHEMA_VERSION - 1}"
+        f"at v{this}: pin PREVIOUS to the last commit of v{this - 1}"
     )
     rolling_upgrade(run(1), previous_src, THIS_SRC, Load(groups=6, rate=60))
 

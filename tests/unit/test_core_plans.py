@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 
 from rqlite_queue import InvalidArgument, Lease, OutcomeUnknown
-from rqlite_queue._protocol import sql
-from rqlite_queue._protocol.core import Plan, QueueCore
+from rqlite_queue._protocol import schema, sql
+from rqlite_queue._protocol.core import QueueCore
 from rqlite_queue._protocol.params import Message, RoundSpec
+from rqlite_queue._protocol.plan import Plan
 from rqlite_queue.errors import EncodeError, TransportClosed
 from rqlite_queue.types import Round
 
@@ -74,9 +75,9 @@ def test_a_claim_reads_its_leases_and_a_resend_reads_the_same() -> None:
         (9, "b", {"n": 9}, 2, {"k": "v"}),
     ]
     assert {x.token for x in leases} == {"w:T1"}
-    assert plan.replay is not None and plan.replay_batch is not None
-    resent = reply(plan.replay_batch, leased=sql.Result(rows=rows))
-    assert plan.replay(resent).leases == leases  # in the groups' creation order, as first
+    assert plan.resend_safe and plan.resend is not None and plan.read_resent is None
+    resent = reply(plan.resend(), leased=sql.Result(rows=rows))
+    assert plan.read(resent).leases == leases  # in the groups' creation order, as first
 
 
 def test_a_lease_on_an_expired_message_is_set_apart() -> None:
@@ -94,8 +95,8 @@ def test_a_claim_without_a_floor_reads_its_leases_from_returning() -> None:
     """The cheaper batch for rqlite: no SELECT, so it can go to /db/execute; its resend is
     the SELECT form, which finds the groups the token took."""
     plan = claim(core(), "w", 30, 2, 0)
-    assert plan.batch.returning and plan.replay_batch is not None
-    assert not plan.replay_batch.returning
+    assert plan.batch.returning and plan.resend is not None
+    assert not plan.resend().returning
     assert not any(s.sql.startswith("SELECT") for s in plan.batch.statements)
     assert claim(core(), "w", 30, 2, 1).batch.returning is False  # a floor: a SELECT
 
@@ -122,7 +123,7 @@ def test_one_settlement_reads_its_outcome_from_its_record_on_any_send() -> None:
     resend alike."""
     held = lease(1, "a")
     plan = round_(core(), ack=[held])
-    assert plan.replay is plan.read  # a resend is read as exactly as a first send
+    assert plan.resend_safe and plan.read_resent is None  # a resend is read as a first send
     assert plan.read(reply(plan.batch, recorded=sql.Result(rows_affected=0))).lost == [held]
     assert plan.read(reply(plan.batch, recorded=sql.Result(rows_affected=1))).lost == []
     record = next(s for s in plan.batch.statements if "INSERT INTO rq_t_settled" in s.sql)
@@ -144,8 +145,8 @@ def test_an_extension_found_gone_is_lost_on_any_send() -> None:
     """An extension never releases its lease: one found gone was taken over."""
     held = lease(1, "a")
     plan = round_(core(), extend=[held])
-    assert plan.replay is not None
-    resent = plan.replay(reply(plan.batch, changed=sql.Result(rows_affected=0)))
+    assert plan.resend_safe and plan.read_resent is None
+    resent = plan.read(reply(plan.batch, changed=sql.Result(rows_affected=0)))
     assert resent.lost == [held] and resent.extended == []
 
 
@@ -173,12 +174,12 @@ def test_publish_reads_new_and_deduplicated_seqs() -> None:
         dedup=sql.Result(rows=[["old", 4], ["new", 11]]),
     )
     assert plan.read(canned) == [10, 4, 11, 11, 12]
-    assert plan.replay is None  # not every item has a dedup id: a resend could duplicate
+    assert not plan.resend_safe  # not every item has a dedup id: a resend could duplicate
 
 
 def test_a_publish_with_dedup_ids_everywhere_is_resent() -> None:
     plan = publish(core(dedup_key=lambda event: f"id-{event}"), "g", 5)
-    assert plan.replay is not None
+    assert plan.resend_safe
 
 
 @pytest.mark.parametrize(
@@ -212,9 +213,10 @@ def test_a_closed_core_refuses_every_plan() -> None:
 def every_batch(c: QueueCore) -> dict[str, sql.Batch]:
     many = [lease(i, f"g{i}") for i in range(1, 501)]
     return {
-        "setup": c.bootstrap().batch,
-        "create": sql.create(c.names),
-        "migrate": sql.migrate(c.names, 1),
+        "setup": schema.bootstrap(c).batch,
+        "create": schema.create(c.names),
+        "migrate": schema.migrate(c.names, 1),
+        "reopen": schema.reopen(c.names, tenants_were_on=True),
         "publish_many": publish_many(
             c, [{"group_id": f"g{i}", "event": i, "dedup_id": f"d{i}"} for i in range(500)]
         ).batch,
@@ -246,7 +248,7 @@ def test_batches_stay_under_rqlites_compression_thresholds(name: str) -> None:
     """A batch of any size keeps every statement's text short and the statements few (the
     prune coin is forced to land, so the optional statements are in)."""
     batch = every_batch(core(LONGEST_QUEUE, chance=0.0))[name]
-    if name in ("create", "migrate"):
+    if name in ("create", "migrate", "reopen"):
         return  # run once per database, not on the hot path
     assert len(batch.statements) < RQLITE_GZIP_COUNT
     for statement in batch.statements:

@@ -24,7 +24,7 @@ from rqlite_queue._protocol.http import (
     exchange,
     framed,
 )
-from rqlite_queue._protocol.sql import Result
+from rqlite_queue._protocol.plan import Result
 from rqlite_queue.errors import REFUSED, AuthError, NoLeader, NothingListens
 
 OK = HttpReply(200, json.dumps({"results": [{"rows_affected": 1}]}).encode())

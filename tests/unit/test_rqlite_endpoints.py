@@ -9,10 +9,10 @@ import itertools
 from typing import Any
 
 from rqlite_queue import Lease
-from rqlite_queue._protocol import sql
-from rqlite_queue._protocol.core import Plan, QueueCore
+from rqlite_queue._protocol.core import QueueCore
 from rqlite_queue._protocol.http import request_for
 from rqlite_queue._protocol.params import Message, RoundSpec
+from rqlite_queue._protocol.plan import Batch, Plan, Statement
 
 NOW = 1_800_000_000.0
 EXECUTE = "/db/execute?transaction"
@@ -67,8 +67,8 @@ def test_every_write_with_a_select_goes_to_request() -> None:
     to /db/request, also when a guard placed first is the SELECT."""
     plain = round_(worker_id="w", ack=[lease(1, "a")]).batch
     assert request_for(plain).path == EXECUTE
-    read = sql.Statement("SELECT 1")
-    assert request_for(sql.guarded(plain, [read])).path == REQUEST
-    write = sql.Statement("UPDATE rq_t_meta SET value = value WHERE 0")
-    assert request_for(sql.guarded(plain, [write])).path == EXECUTE
-    assert request_for(sql.Batch((read,))).path == REQUEST  # a batch made by hand: by default
+    read = Statement("SELECT 1")
+    assert request_for(plain.first([read])).path == REQUEST
+    write = Statement("UPDATE rq_t_meta SET value = value WHERE 0")
+    assert request_for(plain.first([write])).path == EXECUTE
+    assert request_for(Batch((read,))).path == REQUEST  # a batch made by hand: by default

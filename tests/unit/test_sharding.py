@@ -8,7 +8,6 @@ from collections import Counter
 import pytest
 
 from rqlite_queue import InvalidArgument
-from rqlite_queue._protocol.core import Probe
 from rqlite_queue._protocol.retry import PROBE
 from rqlite_queue._protocol.sharding import (
     Health,
@@ -23,7 +22,7 @@ from rqlite_queue._protocol.sharding import (
     scoped_dedup_id,
     shares,
 )
-from rqlite_queue.types import Stats
+from rqlite_queue.types import Probe, Stats
 
 GROUPS = [f"workflow-{i}" for i in range(20_000)]
 

@@ -15,19 +15,21 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
-from .._protocol.core import Plan, QueueCore, SchemaChanged, TenantsTurnedOn
+from .._protocol import refusals, schema
+from .._protocol.core import QueueCore
 from .._protocol.http import STATUS_TIMEOUT, applied_index, parse_nodes
 from .._protocol.params import MAX_PUBLISH, CheckedRound, RoundSpec
+from .._protocol.plan import Batch, Plan, Reply, Result, Statement, Steps
 from .._protocol.retry import FAILOVER, MIN_ATTEMPT, Retry
-from .._protocol.sql import Batch, NewMessage, Reply, Result, Statement
-from .._runtime import LOCAL_PUBLISHES, AsyncFanOut
+from .._protocol.sql import NewMessage
+from .._protocol.tenants import TenantsTurnedOn
+from .._runtime import LOCAL_PUBLISHES, AsyncFanOut, Awaitable
 from ..errors import (
     BackendError,
     InvalidArgument,
     OutcomeUnknown,
     QueueError,
     QueueFull,
-    SchemaError,
     Unavailable,
 )
 from ..types import NodeView, Round
@@ -37,8 +39,6 @@ T = TypeVar("T")
 Merge = Callable[[Mapping[str, T], Sequence[str]], T]
 """How a sharded queue combines the answers of its shards (by name; the names of those that
 did not answer): a `_protocol.sharding` function. One cluster's answer is used as it is."""
-
-UPGRADE_ATTEMPTS = 5
 
 
 class AsyncExecutor(Protocol):
@@ -90,30 +90,39 @@ class AsyncBackend:
 
     async def setup(self, deadline: float) -> None:
         """Create the queue's tables if missing, or upgrade them, and check their version."""
-        failure: Exception | None = None
-        for _ in range(UPGRADE_ATTEMPTS):
-            plan = self.core.upgrade(await self._send(self.core.bootstrap(self._learn), deadline))
-            if plan is None:
-                self.schema_checked = True
-                return
-            try:
-                await self._send(plan, deadline)
-            except (BackendError, OutcomeUnknown) as exc:
-                # Another client upgraded first (its version check failed ours), or the reply
-                # was lost: read the version again.
-                failure = exc
-        queue = self.core.names.queue
-        raise BackendError(f"queue {queue!r}: could not upgrade the schema: {failure}")
+        await self._drive(schema.setup(self.core, self._learn), self._send, deadline)
+        self.schema_checked = True
+
+    async def _drive(
+        self,
+        steps: Steps[T],
+        run: Callable[[Plan[Any], float], Awaitable[Any]],
+        deadline: float,
+    ) -> T:
+        """Run (with `run`) each plan `steps` yields, sending its result, or throwing its
+        error, back into it, until it returns."""
+        try:
+            plan = next(steps)
+            while True:
+                try:
+                    result = await run(plan, deadline)
+                except QueueError as exc:
+                    plan = steps.throw(exc)
+                else:
+                    plan = steps.send(result)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
 
     async def run(self, plan: Plan[T], deadline: float) -> T:
-        """Run `plan`; after a lost reply, send it again where the plan says that is safe.
-        Every batch carries the schema fence: if the tables' version moved since this client
-        checked it, nothing applied, and the version is checked again (a newer one: this
-        client is refused with `SchemaError`; an older one, restored: upgraded, and the plan
-        run once more)."""
+        """Run `plan`; after a lost reply, send it again where the plan says that is safe; a
+        refusal becomes its typed error (`refusals.refined`), and the plan says what to run
+        instead, if anything. Every batch carries the schema fence: if the tables' version
+        moved since this client checked it, nothing applied, and the version is checked again
+        (a newer one: this client is refused with `SchemaError`; an older one, restored:
+        upgraded, and the plan run once more)."""
         try:
             return await self._run(plan, deadline)
-        except SchemaChanged:
+        except schema.SchemaChanged:
             self.schema_checked = False
             await self.setup(deadline)
             return await self._run(plan, deadline)
@@ -127,43 +136,48 @@ class AsyncBackend:
             try:
                 result = await self._send(plan, deadline)
             except OutcomeUnknown:
-                if plan.replay is None:
+                if not plan.resend_safe:
                     raise
-                result = await self._replay(plan, plan.replay, deadline)
-            if plan.tenants_on:
-                self.fair = True
-            return result
+                result = await self._resend(plan, deadline)
         except BackendError as exc:
-            refined = self.core.refined(exc)
-            if refined is exc:
-                raise
-            if isinstance(refined, TenantsTurnedOn):
+            refused = refusals.refined(self.core, exc)
+            if isinstance(refused, TenantsTurnedOn):
                 self.fair = True
-                if plan.if_tenants_on is not None:
-                    return await self.run(plan.if_tenants_on(), deadline)
-            if isinstance(refined, QueueFull) and plan.explain is not None:
-                refined = await self._send(plan.explain(), deadline)
-            raise refined from None
+            alternative = None if plan.instead is None else plan.instead(refused)
+            if alternative is None:
+                if refused is exc:
+                    raise
+                raise refused from None
+            return await self._run(alternative, deadline)
+        if plan.tenants_on:
+            self.fair = True
+        return result
 
     async def _send(self, plan: Plan[T], deadline: float) -> T:
         if not plan.batch.statements:
             return plan.read(Reply(plan.batch, []))  # nothing to do (an empty settle, say)
-        batch = self.core.fenced(plan.batch) if self.schema_checked else plan.batch
+        batch = self._fenced(plan.batch) if self.schema_checked else plan.batch
         results = await self.executor.execute(
-            batch, deadline, lease_for=plan.lease_for, final=plan.replay is None
+            batch, deadline, lease_for=plan.lease_for, final=not plan.resend_safe
         )
         return plan.read(self._checked(batch, results))
+
+    def _fenced(self, batch: Batch) -> Batch:
+        """`batch` with the schema fence at its end (`schema.fence`)."""
+        statement, slot = schema.fence(self.core.names, batch.write)
+        return batch.last(statement, slot)
 
     def _checked(self, batch: Batch, results: list[Result]) -> Reply:
         """The reply, once a fenced read's version is checked (a write's fence fails it)."""
         reply = Reply(batch, results)
         if self.schema_checked and not batch.write:
-            self.core.check_fence(reply)
+            schema.check_fence(self.core, reply)
         return reply
 
-    async def _replay(self, plan: Plan[T], read: Callable[[Reply], T], deadline: float) -> T:
+    async def _resend(self, plan: Plan[T], deadline: float) -> T:
         """Send a retry-safe batch again after an unknown outcome, until `deadline`."""
-        batch = self.core.fenced(plan.replay_batch or plan.batch)
+        batch = self._fenced(plan.batch if plan.resend is None else plan.resend())
+        read = plan.read if plan.read_resent is None else plan.read_resent
         retry = Retry(FAILOVER, deadline, random.random)
         while True:
             wait = retry.wait(time.monotonic())
@@ -205,14 +219,7 @@ class AsyncBackend:
         if asks_first and not await self._worth_claiming(floor, deadline):
             return Round()
         plan = self.core.round(checked, self.fair, self._learn)
-        try:
-            result = await self.run(guard(plan) if guard is not None else plan, deadline)
-        except TenantsTurnedOn:
-            # Another client turned tenants on since this one last looked: nothing was
-            # written; the same round again, sharing by weight within the tenants' limits.
-            self.fair = True
-            plan = self.core.round(checked, True, self._learn)
-            result = await self.run(guard(plan) if guard is not None else plan, deadline)
+        result = await self.run(guard(plan) if guard is not None else plan, deadline)
         leases, expired = list(result.leases), result.expired
         while expired:
             spec = RoundSpec(
@@ -250,22 +257,19 @@ class AsyncBackend:
                 "queue.transaction() with your statements"
             )
         if not self.schema_checked:
-            check = self.core.schema_version()
-            version = check.read(Reply(check.batch, run_in(connection, check.batch)))
-            if self.core.upgrade(version) is not None:
-                raise SchemaError(
-                    f"queue {self.core.names.queue!r}: its tables are not set up (version "
-                    f"{version}): call setup() before publishing in your own transaction"
-                )
+            check = schema.schema_version(self.core)
+            schema.require_current(
+                self.core, check.read(Reply(check.batch, run_in(connection, check.batch)))
+            )
             self.schema_checked = True
-        batch = self.core.fenced(plan.batch)
+        batch = self._fenced(plan.batch)
         try:
             results: list[Result] = run_in(connection, batch)
         except BackendError as exc:
-            refined = self.core.refined(exc)
-            if isinstance(refined, SchemaChanged):
+            refused = refusals.refined(self.core, exc)
+            if isinstance(refused, schema.SchemaChanged):
                 self.schema_checked = False  # the next call checks the version again
-                raise refined from None
+                raise refused from None
             raise
         return plan.read(self._checked(batch, results))
 
@@ -440,13 +444,7 @@ class AsyncClusterRouter:
     async def transaction(
         self, statements: Sequence[Statement], messages: Sequence[NewMessage], deadline: float
     ) -> list[int]:
-        core = self.backend.core
-        try:
-            return await self.backend.run(core.transaction(statements, messages), deadline)
-        except BackendError as exc:
-            if not core.is_done_transaction(exc):
-                raise
-            return await self.backend.run(core.done_transaction(messages), deadline)
+        return await self.backend.run(self.backend.core.transaction(statements, messages), deadline)
 
     async def nodes(self) -> list[NodeView]:
         return await self.backend.nodes()

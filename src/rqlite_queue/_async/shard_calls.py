@@ -13,7 +13,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
-from .._protocol.core import Plan, QueueCore
+from .._protocol.core import QueueCore
+from .._protocol.plan import Plan
 from .._protocol.sharding import ShardHealth
 from .._runtime import AsyncFanOut, Awaitable
 from ..errors import InvalidArgument, OutcomeUnknown, QueueError, ShardDown, Unavailable

@@ -15,7 +15,7 @@ import threading
 import time
 from urllib.request import pathname2url
 
-from .._protocol.sql import Batch, Result
+from .._protocol.plan import Batch, Result
 from ..errors import BackendError, InvalidArgument, TransportClosed, Unavailable
 
 MIN_SQLITE = (3, 35, 0)

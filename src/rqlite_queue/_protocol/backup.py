@@ -35,8 +35,9 @@ from .http import (
     gave_up,
     nothing_listens,
 )
+from .plan import Batch, Statement
 from .retry import FAILOVER, MIN_ATTEMPT, Retry
-from .sql import SCHEMA_VERSION, Batch, Statement
+from .schema import SCHEMA_VERSION
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 GZIP_MAGIC = b"\x1f\x8b"

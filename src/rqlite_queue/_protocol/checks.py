@@ -69,3 +69,9 @@ def check_bool(value: object, name: str) -> bool:
     if not isinstance(value, bool):
         raise InvalidArgument(f"{name} must be True or False, got {show(value)}")
     return value
+
+
+def check_tenant(name: object) -> str:
+    """A tenant's name: an id (the default tenant, '', is never named: leave `tenant` out)."""
+    check_id(name, "tenant")
+    return str(name)

@@ -11,12 +11,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 from ..codec import Codec, as_codec
 from ..errors import (
-    BackendError,
     ClockSkew,
     DecodeError,
     EncodeError,
@@ -26,7 +24,6 @@ from ..errors import (
     PayloadTooLarge,
     QueueError,
     QueueFull,
-    SchemaError,
     TenantMismatch,
     TransportClosed,
 )
@@ -44,7 +41,6 @@ from ..types import (
     Round,
     Schedule,
     Stats,
-    TenantInfo,
 )
 from . import sql
 from .cadence import missed
@@ -54,6 +50,7 @@ from .checks import (
     check_seconds,
     show,
 )
+from .names import Names
 from .params import (
     EXTEND,
     FINISH,
@@ -66,27 +63,15 @@ from .params import (
     Settlement,
     TraceHeaders,
     check_reason,
-    check_tenant,
     checked_message,
 )
+from .plan import NOTHING, Plan, Reply, Statement, nothing
 from .sharding import scoped_dedup_id
 
 T = TypeVar("T")
 
 
 _FULL = "this publish would go over a bound on queued messages (nothing was written)"
-
-
-class SchemaChanged(SchemaError):
-    """A fenced batch found the stored schema version other than this code's (it changed
-    nothing): the tables were migrated (or restored) since this client checked them. The
-    backend checks the version again: a newer one is refused (`SchemaError`), an older one
-    upgraded."""
-
-
-class TenantsTurnedOn(BackendError):
-    """A claim that assumed the queue's tenants off found them on (it changed nothing): the
-    client now knows, and claims again (never reaches the caller)."""
 
 
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
@@ -98,29 +83,6 @@ the caller's own, such as a test's fake clock)."""
 PRUNE_CHANCE = 1 / 16
 """Pruning forgotten rows on a sixteenth of the calls that could leave some keeps the tables
 small at a sixteenth of the cost (every statement costs rqlite a parse on each node)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Plan(Generic[T]):
-    batch: sql.Batch
-    read: Callable[[sql.Reply], T]
-    replay: Callable[[sql.Reply], T] | None = None
-    """How to read the results of this batch sent once more after a first attempt whose
-    outcome is unknown (the reply was lost); None when a second application could do harm,
-    so the batch is not sent again."""
-    replay_batch: sql.Batch | None = None
-    """What to send again, if not `batch` itself."""
-    lease_for: float | None = None
-    """The visibility of the leases this plan takes or extends: the backend that runs it
-    first checks that its cluster's clock is close enough to this client's for them."""
-    tenants_on: bool = False
-    """Once applied, the queue's tenants are on (its claims share by weight from then on)."""
-    explain: Callable[[], Plan[QueueError]] | None = None
-    """When the batch is refused for going over a bound (`QueueFull`), the read that says
-    which one (made only then)."""
-    if_tenants_on: Callable[[], Plan[T]] | None = None
-    """When the batch fails because the queue's tenants are on (`TenantsTurnedOn`: this
-    client assumed them off), the plan to run instead."""
 
 
 class QueueCore:
@@ -162,7 +124,7 @@ class QueueCore:
                 f"max_skew must be a fraction of visibility in [0, 1], or None; got "
                 f"{show(max_skew)}"
             )
-        self.names = sql.Names.of(queue)
+        self.names = Names.of(queue)
         self.clock = clock
         self.token = token
         self.chance = chance
@@ -175,13 +137,13 @@ class QueueCore:
         """What every message checked now carries besides its own headers: the trace context
         in force (OpenTelemetry's, set by the transport when it is installed; None: nothing)."""
 
-    def _now(self) -> float:
+    def now(self) -> float:
         if self.closed:
             raise TransportClosed(f"queue {self.names.queue!r}: the transport is closed")
         return self.clock()
 
     def check_open(self) -> None:
-        self._now()
+        self.now()
 
     def check_skew(self, skew: float, visibility: float) -> None:
         """`ClockSkew` if a cluster whose clock is `skew` seconds from this client's (signed:
@@ -196,60 +158,12 @@ class QueueCore:
             f"Keep clocks in sync (NTP)"
         )
 
-    # ------------------------------------------------------------------------ setup
-
-    def bootstrap(self, learn: Callable[[bool], None] | None = None) -> Plan[int]:
-        """Create the version record if missing and read it (0: a new database), and tell
-        `learn` whether the queue's tenants are on."""
-        self._now()
-
-        def read(reply: sql.Reply) -> int:
-            _tell(learn, reply)
-            return sql.read_version(reply)
-
-        return Plan(sql.bootstrap(self.names), read, read)
-
-    def schema_version(self) -> Plan[int]:
-        """The stored schema version, read only."""
-        self._now()
-        return Plan(sql.schema_version(self.names), sql.read_version)
-
-    def fenced(self, batch: sql.Batch) -> sql.Batch:
-        """`batch` with the schema fence (`sql.fenced`): it fails, or a read reports it,
-        unless the stored schema version is this code's."""
-        return sql.fenced(self.names, batch)
-
-    def check_fence(self, reply: sql.Reply) -> None:
-        """Raise `SchemaChanged` if a fenced read found another schema version."""
-        found = sql.read_fence(reply)
-        if found is not None:
-            raise SchemaChanged(self._changed(found))
-
-    def _changed(self, found: int | None) -> str:
-        now = "" if found is None else f" (now {found})"
-        return (
-            f"queue {self.names.queue!r}: its schema version changed since this client "
-            f"checked it{now}; this library knows {sql.SCHEMA_VERSION}"
-        )
-
-    def upgrade(self, version: int) -> Plan[int] | None:
-        """The plan that brings a database at `version` to this code's (None: it is)."""
-        if version > sql.SCHEMA_VERSION:
-            raise SchemaError(
-                f"queue {self.names.queue!r} has schema version {version}; this library knows "
-                f"{sql.SCHEMA_VERSION}: upgrade rqlite-queue"
-            )
-        if version == sql.SCHEMA_VERSION:
-            return None
-        batch = sql.create(self.names) if version == 0 else sql.migrate(self.names, version)
-        return Plan(batch, lambda reply: sql.SCHEMA_VERSION)
-
     # ---------------------------------------------------------------------- publish
 
     def messages(self, given: Sequence[GivenMessage], *, scoped: bool) -> list[sql.NewMessage]:
         """Check and encode messages to publish. `scoped`: dedup ids are scoped to their
         group (a sharded queue's: the same id in two groups is two messages)."""
-        now = self._now()
+        now = self.now()
         trace = None if self.trace_headers is None else TraceHeaders.of(self.trace_headers())
         encode, dedup_id = self._encode, None if self.dedup_key is None else self._dedup_id
         rows: list[sql.NewMessage] = []
@@ -301,7 +215,7 @@ class QueueCore:
         True, check the bounds; False, fail if they are on (and then check them, with
         `Plan.if_tenants_on`); None, skip bounds (follow-ups forwarded from an outbox).
         `bind_rows`: the backend is the embedded SQLite (`sql.publish`)."""
-        now = self._now()
+        now = self.now()
         plain = not any(
             m.tenant is not None or m.dedup_id is not None or m.debounce is not None
             for m in messages
@@ -321,9 +235,18 @@ class QueueCore:
             bind_rows=bind_rows,
         )
 
-        def read(reply: sql.Reply) -> list[int]:
+        def read(reply: Reply) -> list[int]:
             seqs = sql.read_published(reply, unique)
             return seqs if where is None else [seqs[at] for at in where]
+
+        from .tenants import TenantsTurnedOn
+
+        def instead(error: QueueError) -> Plan[list[int]] | None:
+            if isinstance(error, QueueFull):
+                return self._queue_full(unique)
+            if isinstance(error, TenantsTurnedOn) and tenants_on is False:
+                return self.publish(messages, tenants_on=True, bind_rows=bind_rows)
+            return None
 
         # Only dedup ids make a second send harmless: it then finds the ids and inserts nothing.
         every_message_deduplicated = all(m.dedup_id is not None for m in messages)
@@ -331,12 +254,9 @@ class QueueCore:
         return Plan(
             batch,
             read,
-            read if every_message_deduplicated else None,
+            resend_safe=every_message_deduplicated,
             tenants_on=named,
-            explain=lambda: self._queue_full(unique),
-            if_tenants_on=None
-            if tenants_on is not False
-            else lambda: self.publish(messages, tenants_on=True, bind_rows=bind_rows),
+            instead=instead,
         )
 
     @staticmethod
@@ -384,20 +304,21 @@ class QueueCore:
             unique.append(m)
         return unique, where
 
-    def _queue_full(self, messages: Sequence[sql.NewMessage]) -> Plan[QueueError]:
-        """The read that names the bound a refused publish would have gone over."""
+    def _queue_full(self, messages: Sequence[sql.NewMessage]) -> Plan[list[int]]:
+        """The read that names the bound a refused publish would have gone over (and raises
+        its `QueueFull`)."""
 
-        def read(reply: sql.Reply) -> QueueError:
+        def read(reply: Reply) -> list[int]:
             reached = sql.read_bounds_reached(reply)
             if reached is None:
-                return QueueFull(_FULL + " (since the refusal, messages were taken)")
+                raise QueueFull(_FULL + " (since the refusal, messages were taken)")
             tenant = show(reached.tenant) if reached.tenant else "the default tenant"
             where = (
                 f"group {show(reached.group_id)} of tenant {tenant}"
                 if reached.group_id is not None
                 else f"tenant {tenant}"
             )
-            return QueueFull(
+            raise QueueFull(
                 f"{_FULL}: {where} may hold at most {reached.limit} messages",
                 tenant=reached.tenant,
                 group_id=reached.group_id,
@@ -444,7 +365,7 @@ class QueueCore:
         """Every argument of a round, checked once, before anything is sent anywhere.
         `scoped`: the follow-ups' dedup ids are scoped to their group (a sharded queue's)."""
         checked = spec.checked(lambda given: self.follow_ups(given, scoped=scoped))
-        self._now()
+        self.now()
         return checked
 
     def round(
@@ -461,7 +382,7 @@ class QueueCore:
         went to another holder is; an extension never releases its lease, so one found gone
         was taken over. `fair`: the claim shares between tenants by weight (their cluster has
         them on); `learn` is told whether it has, when the claim's rows say."""
-        now = self._now()
+        now = self.now()
         settling = [s for s in checked.settlements if not s.repeat]
         extends = [s for s in settling if s.kind == EXTEND]
         until = now + checked.visibility
@@ -495,7 +416,7 @@ class QueueCore:
         )
         repeats = [s for s in checked.settlements if s.repeat]
 
-        def read(reply: sql.Reply) -> Round:
+        def read(reply: Reply) -> Round:
             if sql.returned_nothing(reply):
                 # rqlite ran the claim but kept none of its RETURNING rows (its SQL parser did
                 # not take the statement): the resend form reads what the token took.
@@ -530,9 +451,26 @@ class QueueCore:
                 ],
             )
 
+        from .tenants import TenantsTurnedOn
+
+        def instead(error: QueueError) -> Plan[Round] | None:
+            # Another client turned tenants on since this one last looked: nothing was
+            # written; the same round again, sharing by weight within the tenants' limits.
+            if isinstance(error, TenantsTurnedOn) and not fair:
+                return self.round(checked, True, learn)
+            return None
+
         lease_for = checked.visibility if checked.n or extends else None
         named = any(m.tenant is not None for _, m in settle.follow_ups)
-        return Plan(batch, read, read, resend, lease_for, tenants_on=named)
+        return Plan(
+            batch,
+            read,
+            resend_safe=True,
+            resend=lambda: resend,
+            lease_for=lease_for,
+            tenants_on=named,
+            instead=instead,
+        )
 
     def round_of(self, spec: RoundSpec) -> Plan[Round]:
         """`round(check_round(spec))`: the plan of a round on one cluster."""
@@ -549,26 +487,28 @@ class QueueCore:
     def probe(self, min_priority: int, learn: Callable[[bool], None] | None = None) -> Plan[Probe]:
         check_int(min_priority, "min_priority", 0, MAX_PRIORITY)
 
-        def read(reply: sql.Reply) -> Probe:
+        def read(reply: Reply) -> Probe:
             _tell(learn, reply)
             return Probe(*sql.read_probe(reply))
 
-        return Plan(sql.probe(self.names, min_priority=min_priority, now=self._now()), read)
+        return Plan(sql.probe(self.names, min_priority=min_priority, now=self.now()), read)
 
     # ------------------------------------------------------------------ holds
 
     def hold(self, group_id: str) -> Plan[None]:
         check_id(group_id, "group_id")
-        return Plan(sql.hold(self.names, group_id, now=self._now()), _nothing, _nothing)
+        return Plan(sql.hold(self.names, group_id, now=self.now()), nothing, resend_safe=True)
 
     def release(self, group_id: str) -> Plan[bool]:
         check_id(group_id, "group_id")
-        self._now()
+        self.now()
 
-        def read(reply: sql.Reply) -> bool:
+        def read(reply: Reply) -> bool:
             return reply["released"].rows_affected == 1
 
-        return Plan(sql.release(self.names, group_id), read, lambda reply: True)
+        return Plan(
+            sql.release(self.names, group_id), read, resend_safe=True, read_resent=lambda r: True
+        )
 
     def groups(
         self,
@@ -587,7 +527,7 @@ class QueueCore:
             check_id(after, "after")
         check_int(min_priority, "min_priority", 0, MAX_PRIORITY)
         check_int(limit, "limit", 1, MAX_BATCH)
-        now = self._now()
+        now = self.now()
         batch = sql.list_groups(
             self.names,
             now=now,
@@ -598,7 +538,7 @@ class QueueCore:
             min_priority=min_priority,
         )
 
-        def read(reply: sql.Reply) -> list[GroupInfo]:
+        def read(reply: Reply) -> list[GroupInfo]:
             return [
                 GroupInfo(
                     group_id=str(r[0]),
@@ -619,81 +559,39 @@ class QueueCore:
     def cancel_group(self, group_id: str, reason: str) -> Plan[int]:
         check_id(group_id, "group_id")
         reason = check_reason(reason)
-        batch = sql.cancel_group(self.names, group_id, reason, now=self._now())
+        batch = sql.cancel_group(self.names, group_id, reason, now=self.now())
         # Not resent: a second application would also cancel what was published since.
         return Plan(batch, lambda reply: reply["cancelled"].rows_affected)
 
     def set_priority(self, group_id: str, priority: int) -> Plan[bool]:
         check_id(group_id, "group_id")
         check_int(priority, "priority", 0, MAX_PRIORITY)
-        self._now()
+        self.now()
 
-        def read(reply: sql.Reply) -> bool:
+        def read(reply: Reply) -> bool:
             return reply["changed"].rows_affected == 1
 
-        return Plan(sql.set_priority(self.names, group_id, priority), read, read)
+        return Plan(sql.set_priority(self.names, group_id, priority), read, resend_safe=True)
 
     def set_paused(self, paused: bool) -> Plan[None]:
-        self._now()
-        return Plan(sql.set_paused(self.names, paused), _nothing, _nothing)
+        self.now()
+        return Plan(sql.set_paused(self.names, paused), nothing, resend_safe=True)
 
     # ------------------------------------------------------------------ tenants
-
-    def set_tenant(self, name: object, settings: Mapping[str, float | None]) -> Plan[None]:
-        """Store some of a tenant's settings (`params.tenant_settings`; safe to resend: it
-        sets, it does not add)."""
-        tenant = "" if name == "" else check_tenant(name)
-        batch = sql.set_tenant(self.names, tenant, settings, now=self._now())
-        return Plan(batch, _nothing, _nothing, tenants_on=True)
-
-    def set_tenant_separator(self, separator: object) -> Plan[None]:
-        if separator is not None and (
-            not isinstance(separator, str) or len(separator) != 1 or separator == "\0"
-        ):
-            raise InvalidArgument(
-                f"the tenant separator is one character (or None), got {show(separator)}"
-            )
-        self._now()
-        batch = sql.set_tenant_separator(self.names, separator)
-        return Plan(batch, _nothing, _nothing, tenants_on=True)
-
-    def tenants(self, limit: int, after: object) -> Plan[list[TenantInfo]]:
-        check_int(limit, "limit", 1, MAX_BATCH)
-        start = None if after is None else check_tenant(after)
-        batch = sql.list_tenants(self.names, now=self._now(), limit=limit, after=start)
-        return Plan(batch, sql.read_tenants)
-
-    def refined(self, error: QueueError) -> QueueError:
-        """The typed error a failed batch stands for (a guard statement's refusal), or
-        `error` itself."""
-        if sql.SCHEMA_FENCE_ERROR.format(meta=self.names.meta) in str(error):
-            return SchemaChanged(self._changed(None))
-        if sql.QUEUE_FULL_ERROR.format(tenants=self.names.tenants) in str(error):
-            return QueueFull(_FULL)
-        if sql.TENANTS_ON_ERROR.format(claims=self.names.claims) in str(
-            error
-        ) or sql.TENANTS_ON_PUBLISH_ERROR.format(messages=self.names.messages) in str(error):
-            return TenantsTurnedOn(str(error))
-        if sql.TENANT_CHANGE_ERROR.format(tenants=self.names.tenants) in str(error):
-            return TenantMismatch(
-                "a group's tenant never changes while it has messages: this publish names "
-                "another tenant for a group that has messages (nothing was written)"
-            )
-        return error
 
     # ------------------------------------------------------------------ schedules
 
     def schedule(self, spec: ScheduleSpec) -> Plan[Schedule]:
-        now = self._now()
+        now = self.now()
         row = spec.checked(now, self._encode)
         schedule = self._schedule(row)
         return Plan(
-            sql.put_schedule(self.names, row, now=now), lambda r: schedule, lambda r: schedule
+            sql.put_schedule(self.names, row, now=now), lambda r: schedule, resend_safe=True
         )
 
     def put_row(self, row: sql.ScheduleRow) -> Plan[None]:
         """Store a schedule row as it is (a sharded queue moving it to its group's shard)."""
-        return Plan(sql.put_schedule(self.names, row, now=self._now()), _nothing, _nothing)
+        return Plan(sql.put_schedule(self.names, row, now=self.now()), nothing, resend_safe=True)
 
     def _schedule(self, row: sql.ScheduleRow) -> Schedule:
         return Schedule(
@@ -709,15 +607,17 @@ class QueueCore:
 
     def unschedule(self, name: str) -> Plan[bool]:
         check_id(name, "name")
-        self._now()
+        self.now()
 
-        def read(reply: sql.Reply) -> bool:
+        def read(reply: Reply) -> bool:
             return reply["removed"].rows_affected == 1
 
-        return Plan(sql.drop_schedule(self.names, name), read, lambda reply: True)
+        return Plan(
+            sql.drop_schedule(self.names, name), read, resend_safe=True, read_resent=lambda r: True
+        )
 
     def schedules(self) -> Plan[list[Schedule]]:
-        self._now()
+        self.now()
         return Plan(
             sql.list_schedules(self.names),
             lambda reply: [self._schedule(row) for row in sql.read_schedules(reply)],
@@ -725,24 +625,26 @@ class QueueCore:
 
     def due_schedules(self) -> Plan[list[sql.ScheduleRow]]:
         """The schedules due now (a leader-local read)."""
-        now = self._now()
+        now = self.now()
         return Plan(sql.list_schedules(self.names, due_by=now), sql.read_schedules)
 
     def fire(self, due: Sequence[sql.ScheduleRow]) -> Plan[int]:
         """Publish the due ticks of these schedules and move each on (one message for all the
         ticks missed, or one per tick with `catch_up`); returns how many messages went out.
         Safe to resend: a resend finds each schedule moved on and does nothing."""
-        now = self._now()
+        now = self.now()
         fires = []
         for row in due:
             if row.next_at <= now:
                 count, next_at = missed(row.next_at, now, every=row.every, cron=row.cron)
                 fires.append(sql.Fire(row.name, row.next_at, next_at, count if row.catch_up else 1))
 
-        def read(reply: sql.Reply) -> int:
+        def read(reply: Reply) -> int:
             return reply["published"].rows_affected if "published" in reply else 0
 
-        return Plan(sql.fire(self.names, fires, now=now) if fires else sql.Batch(()), read, read)
+        return Plan(
+            sql.fire(self.names, fires, now=now) if fires else NOTHING, read, resend_safe=True
+        )
 
     # ------------------------------------------------------------------ dead letters
 
@@ -755,12 +657,12 @@ class QueueCore:
         check_int(limit, "limit", 1, MAX_BATCH)
         if group_id is not None:
             check_id(group_id, "group_id")
-        self._now()
+        self.now()
         seq, shard = after if after is not None else (0, "")
         if shard:
             seq, limit = seq - 1, limit + 1
 
-        def read(reply: sql.Reply) -> list[DeadLetter]:
+        def read(reply: Reply) -> list[DeadLetter]:
             return [
                 DeadLetter(
                     int(r[0]),
@@ -779,20 +681,20 @@ class QueueCore:
         return Plan(sql.list_dead(self.names, limit=limit, group_id=group_id, after=seq), read)
 
     def requeue_dead(self, seqs: Sequence[int] | None) -> Plan[int]:
-        batch = sql.requeue_dead(self.names, check_seqs(seqs), now=self._now())
+        batch = sql.requeue_dead(self.names, check_seqs(seqs), now=self.now())
         return Plan(batch, lambda reply: reply["requeued"].rows_affected)
 
     def purge_dead(self, seqs: Sequence[int] | None) -> Plan[int]:
         checked = check_seqs(seqs)
-        self._now()
+        self.now()
         return Plan(sql.purge_dead(self.names, checked), lambda r: r["purged"].rows_affected)
 
     # ------------------------------------------------------------------------- reads
 
     def stats(self) -> Plan[Stats]:
-        now = self._now()
+        now = self.now()
 
-        def read(reply: sql.Reply) -> Stats:
+        def read(reply: Reply) -> Stats:
             depth, groups, in_flight, parked, dead, oldest, held, delayed = reply["counts"].rows[0]
             expired, paused, last_seq, outbox, tenants_on = reply["counters"].rows[0]
             return Stats(
@@ -823,7 +725,7 @@ class QueueCore:
     def peek(self, group_id: str, limit: int) -> Plan[list[tuple[int, Any]]]:
         check_id(group_id, "group_id")
         check_int(limit, "limit", 1, MAX_BATCH)
-        self._now()
+        self.now()
         return Plan(
             sql.peek(self.names, group_id, limit=limit),
             lambda reply: [(int(r[0]), self._decode(str(r[1]))) for r in reply["messages"].rows],
@@ -836,79 +738,83 @@ class QueueCore:
 
     def groups_present(self, group_ids: Sequence[str], epoch: int) -> Plan[set[str]]:
         batch = sql.groups_present(self.names, group_ids, epoch=epoch)
-        return Plan(batch, sql.read_present, sql.read_present)
+        return Plan(batch, sql.read_present, resend_safe=True)
 
     def release_waits(self, group_ids: Sequence[str]) -> Plan[None]:
-        return Plan(sql.release_waits(self.names, group_ids), _nothing)
+        return Plan(sql.release_waits(self.names, group_ids), nothing)
 
     def read_outbox(self, limit: int) -> Plan[list[sql.OutboxRow]]:
-        self._now()
+        self.now()
         return Plan(sql.read_outbox(self.names, limit=limit), sql.outbox_rows)
 
     def forwarded(self, ids: Sequence[int]) -> Plan[int]:
         """Forget forwarded follow-ups (safe to resend: a second delete finds none)."""
 
-        def read(reply: sql.Reply) -> int:
+        def read(reply: Reply) -> int:
             return reply["forwarded"].rows_affected
 
-        return Plan(sql.forwarded(self.names, ids), read, read)
+        return Plan(sql.forwarded(self.names, ids), read, resend_safe=True)
 
     def waiting_groups(self, limit: int) -> Plan[list[str]]:
         return Plan(sql.waiting_groups(self.names, limit=limit), sql.read_waiting)
 
     def guarded(self, plan: Plan[T], epoch: int, held: Sequence[str] = ()) -> Plan[T]:
         """`plan` behind the shard list's epoch (`sql.epoch_guards`); the groups in `held`
-        wait on this shard until their old shard has delivered their messages."""
+        wait on this shard until their old shard has delivered their messages. (A read goes
+        as it is: it changes nothing a stale list could get wrong.)"""
+        if not plan.batch.write:
+            return plan
         guards = [*sql.epoch_guards(self.names, epoch=epoch)]
         if held:
             guards.append(sql.wait_for_old_shard(self.names, held))
-        alternative = plan.if_tenants_on
+        resend, instead = plan.resend, plan.instead
+
+        def guarded_instead(error: QueueError) -> Plan[T] | None:
+            alternative = None if instead is None else instead(error)
+            return None if alternative is None else self.guarded(alternative, epoch, held)
+
         return dataclasses.replace(
             plan,
-            batch=sql.guarded(plan.batch, guards),
-            replay_batch=None
-            if plan.replay_batch is None
-            else sql.guarded(plan.replay_batch, guards),
-            if_tenants_on=None
-            if alternative is None
-            else lambda: self.guarded(alternative(), epoch, held),
+            batch=plan.batch.first(guards),
+            resend=None if resend is None else lambda: resend().first(guards),
+            instead=None if instead is None else guarded_instead,
         )
 
     def transaction(
-        self, statements: Sequence[sql.Statement], messages: Sequence[sql.NewMessage]
+        self, statements: Sequence[Statement], messages: Sequence[sql.NewMessage]
     ) -> Plan[list[int]]:
         """The caller's statements and these publishes, in one transaction; the plan reads the
         publishes' seqs. Sent again after a lost reply only if every publish has a dedup id:
         the transaction then carries an id of its own (made from theirs), which fails a second
-        application whole (`is_done_transaction`; `done_transaction` reads its seqs)."""
+        application whole: the plan then reads its seqs from the publishes' dedup ids."""
         plan = self.publish(messages)
         ids = sorted(m.dedup_id for m in messages if m.dedup_id is not None)
-        first: list[sql.Statement] = []
+        first: list[Statement] = []
         if messages and len(ids) == len(messages):
             digest = hashlib.blake2b("\0".join(ids).encode(), digest_size=16).hexdigest()
             first = [
-                sql.transaction_id(
-                    self.names, f"tx:{digest}", until=self._now() + self.dedup_window
-                )
+                sql.transaction_id(self.names, f"tx:{digest}", until=self.now() + self.dedup_window)
             ]
-        batch = sql.guarded(plan.batch, [*first, *statements])
-        return Plan(
-            batch,
-            plan.read,
-            plan.read if first else None,
-            tenants_on=plan.tenants_on,
-            explain=plan.explain,
-        )
+        publish_instead = plan.instead
 
-    def is_done_transaction(self, error: QueueError) -> bool:
-        """Whether a transaction failed because it applied already (its id is remembered)."""
-        return sql.TRANSACTION_DONE_ERROR.format(dedup=self.names.dedup) in str(error)
+        def instead(error: QueueError) -> Plan[list[int]] | None:
+            if first and sql.TRANSACTION_DONE_ERROR.format(dedup=self.names.dedup) in str(error):
+                return self.done_transaction(messages)
+            return None if publish_instead is None else publish_instead(error)
+
+        return Plan(
+            plan.batch.first([*first, *statements]),
+            plan.read,
+            resend_safe=bool(first),
+            tenants_on=plan.tenants_on,
+            instead=instead,
+        )
 
     def done_transaction(self, messages: Sequence[sql.NewMessage]) -> Plan[list[int]]:
         """The seqs of a transaction that applied already, from its publishes' dedup ids."""
-        self._now()
+        self.now()
 
-        def read(reply: sql.Reply) -> list[int]:
+        def read(reply: Reply) -> list[int]:
             known = {str(r[0]): int(r[1]) for r in reply["dedup"].rows}
             return [known[m.dedup_id] for m in messages if m.dedup_id is not None]
 
@@ -966,12 +872,8 @@ def _by_index(settlement: Settlement) -> int:
     return settlement.index
 
 
-def _tell(learn: Callable[[bool], None] | None, reply: sql.Reply) -> None:
+def _tell(learn: Callable[[bool], None] | None, reply: Reply) -> None:
     """Tell `learn` whether the queue's tenants are on, if the reply's rows say."""
     tenants_on = sql.read_tenants_on(reply)
     if learn is not None and tenants_on is not None:
         learn(tenants_on)
-
-
-def _nothing(reply: sql.Reply) -> None:
-    return None

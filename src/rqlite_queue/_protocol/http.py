@@ -30,8 +30,8 @@ from ..errors import (
     OutcomeUnknown,
     Unavailable,
 )
+from .plan import Batch, Result
 from .retry import FAILOVER, MIN_ATTEMPT, PROBE, Retry
-from .sql import Batch, Result
 
 log = logging.getLogger("rqlite_queue.rqlite")
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, TypeVar
@@ -33,6 +32,7 @@ from .checks import (
     check_id,
     check_int,
     check_seconds,
+    check_tenant,
     check_text,
     show,
 )
@@ -263,69 +263,6 @@ def check_headers(given: object, trace: TraceHeaders | None = None) -> str | Non
 
 def _encoded(headers: Mapping[str, str]) -> str:
     return json.dumps(dict(headers), ensure_ascii=False, separators=(",", ":"))
-
-
-def check_tenant(name: object) -> str:
-    """A tenant's name: an id (the default tenant, '', is never named: leave `tenant` out)."""
-    check_id(name, "tenant")
-    return str(name)
-
-
-def check_weight(weight: object) -> float:
-    if isinstance(weight, bool) or not isinstance(weight, int | float):
-        raise InvalidArgument(f"weight must be a number, got {show(weight)}")
-    if not 0.001 <= weight <= 1_000_000:
-        raise InvalidArgument(f"weight must be in [0.001, 1000000], got {show(weight)}")
-    return float(weight)
-
-
-def tenant_settings(
-    weight: object = None,
-    rate: object = None,
-    burst: object = None,
-    max_in_flight: object = None,
-    max_queued: object = None,
-    max_group_queued: object = None,
-) -> dict[str, float | None]:
-    """`set_tenant`'s arguments as the columns to set: those given (None: keep as stored),
-    `math.inf` standing for no limit (stored as NULL). A rate without a burst gets one
-    second's worth (at least 1)."""
-    settings: dict[str, float | None] = {}
-    if weight is not None:
-        settings["weight"] = check_weight(weight)
-    if rate is not None:
-        settings["rate"] = _limit(rate, "rate", 0.001, 1_000_000, whole=False)
-        if burst is None:  # one second's worth (no rate: no burst)
-            given = settings["rate"]
-            settings["burst"] = None if given is None else max(1.0, given)
-    if burst is not None:
-        if burst == math.inf:
-            raise InvalidArgument("burst must be a number in [1, 1000000000], not inf")
-        settings["burst"] = _limit(burst, "burst", 1, 1_000_000_000, whole=False)
-    for key, column, value in (
-        ("max_in_flight", "cap", max_in_flight),
-        ("max_queued", "max_queued", max_queued),
-        ("max_group_queued", "max_group_queued", max_group_queued),
-    ):
-        if value is not None:
-            settings[column] = _limit(value, key, 0, 1_000_000_000, whole=True)
-    if not settings:
-        raise InvalidArgument("set_tenant: give at least one setting")
-    return settings
-
-
-def _limit(value: object, name: str, low: float, high: float, *, whole: bool) -> float | None:
-    """A limit's value, None for `math.inf` (no limit)."""
-    kinds = int if whole else int | float
-    if value == math.inf and not isinstance(value, bool):
-        return None
-    if isinstance(value, bool) or not isinstance(value, kinds) or not low <= value <= high:
-        what = "a whole number" if whole else "a number"
-        raise InvalidArgument(
-            f"{name} must be {what} in [{low:g}, {high:g}] (or math.inf: no limit), "
-            f"got {show(value)}"
-        )
-    return int(value) if whole else float(value)
 
 
 def at_index(index: int, check: Callable[[Any], T], item: Any) -> T:

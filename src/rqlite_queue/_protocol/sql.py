@@ -55,191 +55,23 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any, NamedTuple
 
-from ..types import MAX_PRIORITY, TenantInfo
+from ..types import MAX_PRIORITY
+from . import tenants
+from .names import Names
+from .plan import READS as _READS
+from .plan import Batch, Params, Reply, Result, Statement
+from .plan import Builder as _Builder
+from .tenants import BOUNDED as _BOUNDED
+from .tenants import PAUSED_UNTIL, turn_on
 
-SCHEMA_VERSION = 6
+__all__ = ["Batch", "Names", "Params", "Reply", "Result", "Statement"]
+
 RETIRE_WINDOW = 300.0
-PAUSED_UNTIL = 1e15
-"""The expiry of the pause row of `claims`: far beyond any time, so pruning never drops it."""
 QUEUE_NAME = re.compile(r"[a-z0-9_]{1,40}")
-
-Params = Mapping[str, Any] | Sequence[Any]
-
-
-@dataclass(frozen=True, slots=True)
-class Statement:
-    sql: str
-    params: Params = ()
-
-
-@dataclass(frozen=True, slots=True)
-class Batch:
-    """Statements sent together. `write=True`: one transaction through the leader (rqlite
-    `/db/request?transaction`, SQLite `BEGIN IMMEDIATE`); `write=False`: a fresh read (rqlite
-    `/db/query?level=linearizable`), or with `local=True` the leader's own copy, without a
-    Raft round (rqlite `level=weak`: it may miss a write committed a moment ago by a leader
-    that lost its place, never one this client made).
-
-    `slots` names the statements whose results a reader uses."""
-
-    statements: tuple[Statement, ...]
-    write: bool = True
-    local: bool = False
-    slots: Mapping[str, int] = field(default_factory=dict)
-    returning: bool = False
-    """A write whose only rows come from `RETURNING` (no `SELECT`): rqlite runs it on
-    `/db/execute`, which, unlike `/db/request`, does not compile every statement once more to
-    learn whether it reads or writes."""
-    selects: bool = True
-    """A write with a statement that reads rows (`SELECT`, `WITH`): it must go to rqlite's
-    `/db/request`, which returns them. A write without one (an ack, a nack) needs no rows
-    but the counts, and goes to `/db/execute`: on `/db/request` rqlite compiles every statement
-    twice more on the leader and once more on each node, to learn that it writes (a claim()
-    then ack() costs rqlited's 3 nodes 23% less CPU with the ack on `/db/execute`:
-    bench/statement_cost.py)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Result:
-    """One statement's outcome, the same shape from every backend."""
-
-    rows: list[list[Any]] = field(default_factory=list)
-    rows_affected: int = 0
-    last_insert_id: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Reply:
-    """A batch's results, read by slot name."""
-
-    batch: Batch
-    results: Sequence[Result]
-
-    def __getitem__(self, slot: str) -> Result:
-        return self.results[self.batch.slots[slot]]
-
-    def __contains__(self, slot: str) -> bool:
-        return slot in self.batch.slots
-
-
-class _Builder:
-    def __init__(self, *, write: bool = True, local: bool = False, returning: bool = False) -> None:
-        self.write = write
-        self.local = local
-        self.returning = returning
-        self.statements: list[Statement] = []
-        self.slots: dict[str, int] = {}
-        self.selects = False
-
-    def add(self, sql: str, params: Params = (), *, slot: str | None = None) -> None:
-        if slot is not None:
-            self.slots[slot] = len(self.statements)
-        if sql.startswith(_READS):
-            self.selects = True
-        self.statements.append(Statement(sql, params))
-
-    def build(self) -> Batch:
-        return Batch(
-            tuple(self.statements),
-            self.write,
-            self.local,
-            dict(self.slots),
-            self.returning,
-            self.selects,
-        )
-
-
-# How statements that may return rows begin (a `WITH` may begin a write too: counted as a read,
-# which only costs the write its cheaper path).
-_READS = ("SELECT", "WITH", "VALUES")
-
-
-@dataclass(frozen=True, slots=True)
-class Names:
-    """The table and index names of one named queue."""
-
-    queue: str
-    meta: str
-    messages: str
-    messages_by_group: str
-    groups: str
-    groups_ready: str
-    groups_ready_by_priority: str
-    groups_busy: str
-    groups_empty: str
-    dead: str
-    dedup: str
-    dedup_expiry: str
-    claims: str
-    claims_expiry: str
-    schedules: str
-    schedules_due: str
-    settled: str
-    settled_expiry: str
-    outbox: str
-    tenants: str
-    tenants_ready: str
-    tenants_rated: str
-    tenants_bounded: str
-    groups_ready_by_tenant: str
-    groups_by_tenant: str
-    groups_busy_by_tenant: str
-    messages_debounced: str
-    retired: str
-    """Schema v1 only (its job is done by the empty rows of `groups` since v2)."""
-
-    @classmethod
-    def of(cls, queue: str) -> Names:
-        p = f"rq_{queue}_"
-        return cls(
-            queue=queue,
-            meta=p + "meta",
-            messages=p + "messages",
-            messages_by_group=p + "messages_by_group",
-            groups=p + "groups",
-            groups_ready=p + "groups_ready",
-            groups_ready_by_priority=p + "groups_ready_by_priority",
-            groups_busy=p + "groups_busy",
-            groups_empty=p + "groups_empty",
-            dead=p + "dead",
-            dedup=p + "dedup",
-            dedup_expiry=p + "dedup_expiry",
-            claims=p + "claims",
-            claims_expiry=p + "claims_expiry",
-            schedules=p + "schedules",
-            schedules_due=p + "schedules_due",
-            settled=p + "settled",
-            settled_expiry=p + "settled_expiry",
-            outbox=p + "outbox",
-            tenants=p + "tenants",
-            tenants_ready=p + "tenants_ready",
-            tenants_rated=p + "tenants_rated",
-            tenants_bounded=p + "tenants_bounded",
-            groups_ready_by_tenant=p + "groups_ready_by_tenant",
-            groups_by_tenant=p + "groups_by_tenant",
-            groups_busy_by_tenant=p + "groups_busy_by_tenant",
-            messages_debounced=p + "messages_debounced",
-            retired=p + "retired",
-        )
-
-    @property
-    def tables(self) -> tuple[str, ...]:
-        return (
-            self.meta,
-            self.messages,
-            self.groups,
-            self.dead,
-            self.dedup,
-            self.claims,
-            self.schedules,
-            self.settled,
-            self.outbox,
-            self.tenants,
-        )
 
 
 def _json(value: Any) -> str:
@@ -256,362 +88,6 @@ def _item(field_no: int, alias: str = "j") -> str:
 # literal (x'00ff') into a BLOB (its http/request_parser.go), but never looks inside a JSON
 # text, so every group id travels as JSON and comes back as the same text.
 _TEXT = "json_extract(:{name}, '$')"
-
-
-# ---------------------------------------------------------------------------------- schema
-#
-# `setup` runs `bootstrap` (creates `meta` if missing and reads the version: 0 for a new
-# database), then, if the version is older than this code's, `create` (version 0) or `migrate`
-# (1 .. SCHEMA_VERSION - 1): one write transaction that first checks the version is still the
-# one it read, so of several clients racing, exactly one upgrades and the others' batches fail
-# and roll back; they read the version again and find it current.
-
-
-def bootstrap(n: Names) -> Batch:
-    b = _Builder()
-    b.add(f"CREATE TABLE IF NOT EXISTS {n.meta} (key TEXT PRIMARY KEY, value INTEGER NOT NULL)")
-    b.add(f"INSERT OR IGNORE INTO {n.meta} (key, value) VALUES ('schema_version', 0)")
-    b.add(f"SELECT value FROM {n.meta} WHERE \"key\" = 'schema_version'", slot="version")
-    b.add(f"SELECT value FROM {n.meta} WHERE \"key\" = 'tenants'", slot="tenants_on")
-    return b.build()
-
-
-def schema_version(n: Names) -> Batch:
-    """The stored schema version, read only (in a transaction of the caller's own)."""
-    b = _Builder(write=False)
-    b.add(f"SELECT value FROM {n.meta} WHERE \"key\" = 'schema_version'", slot="version")
-    return b.build()
-
-
-def read_version(reply: Reply) -> int:
-    rows = reply["version"].rows
-    if not rows:
-        raise ValueError("schema version missing")
-    return int(rows[0][0])
-
-
-SCHEMA_FENCE_ERROR = "UNIQUE constraint failed: {meta}.key"
-"""How a write fails when the stored schema version is not this code's (see `fenced`): not
-the NOT NULL failure on `meta.value` of STALE_EPOCH_ERROR, so the two are told apart."""
-
-
-def fenced(n: Names, batch: Batch) -> Batch:
-    """`batch` with the schema fence at its end (its slots unchanged). A write fails, in its
-    own transaction, with SCHEMA_FENCE_ERROR unless the stored schema version is this code's
-    (a newer library migrated the tables while this client ran, or an older copy of the data
-    was restored): nothing of it applies. A read gets the stored version (slot
-    "schema_fence"), which the client checks before it believes the rest. One lookup of the
-    meta table's primary key."""
-    if batch.write:
-        statement = Statement(
-            f"INSERT INTO {n.meta} (key, value) SELECT 'schema_version', 0 FROM {n.meta} "
-            f"WHERE \"key\" = 'schema_version' AND value != :schema",
-            {"schema": SCHEMA_VERSION},
-        )
-        slots = batch.slots
-    else:
-        statement = Statement(f"SELECT value FROM {n.meta} WHERE \"key\" = 'schema_version'")
-        slots = {**batch.slots, "schema_fence": len(batch.statements)}
-    return replace(batch, statements=(*batch.statements, statement), slots=slots)
-
-
-def read_fence(reply: Reply) -> int | None:
-    """The stored schema version a fenced read found when it is not this code's (None: it
-    is)."""
-    rows = reply["schema_fence"].rows
-    version = int(rows[0][0]) if rows else 0
-    return None if version == SCHEMA_VERSION else version
-
-
-def _still_at(b: _Builder, n: Names, version: int) -> None:
-    """Fails the transaction (a duplicate key) unless the stored version is `version`."""
-    b.add(
-        f"INSERT INTO {n.meta} (key, value) SELECT 'schema_version', 0 WHERE NOT EXISTS "
-        f"(SELECT 1 FROM {n.meta} WHERE \"key\" = 'schema_version' AND value = :v)",
-        {"v": version},
-    )
-
-
-def _set_version(b: _Builder, n: Names, version: int) -> None:
-    b.add(
-        f"UPDATE {n.meta} SET value = :v WHERE \"key\" = 'schema_version'",
-        {"v": version},
-        slot="upgraded",
-    )
-
-
-def create(n: Names) -> Batch:
-    """The tables of a new queue, at this code's version."""
-    b = _Builder()
-    _still_at(b, n, 0)
-    for statement in _split(
-        f"""
-        CREATE TABLE {n.messages} (
-          seq          INTEGER PRIMARY KEY AUTOINCREMENT,
-          group_id     TEXT NOT NULL,
-          event        TEXT NOT NULL,
-          published_at REAL NOT NULL,
-          dedup_id     TEXT,
-          due          REAL NOT NULL DEFAULT 0,
-          expires      REAL
-        );
-        -- A group's head is min(seq) for its group_id: one index probe.
-        CREATE INDEX {n.messages_by_group} ON {n.messages} (group_id, seq);
-        CREATE TABLE {n.groups} (
-          group_id TEXT PRIMARY KEY,
-          priority INTEGER NOT NULL,
-          turn     INTEGER NOT NULL DEFAULT 0,
-          ready    INTEGER NOT NULL DEFAULT 1,
-          until    REAL    NOT NULL DEFAULT 0,
-          parked   INTEGER NOT NULL DEFAULT 0,
-          attempts INTEGER NOT NULL DEFAULT 0,
-          token    TEXT,
-          head     INTEGER,
-          held     INTEGER NOT NULL DEFAULT 0
-        );
-        CREATE TABLE {n.dead} (
-          seq          INTEGER PRIMARY KEY,
-          group_id     TEXT NOT NULL,
-          event        TEXT NOT NULL,
-          priority     INTEGER NOT NULL,
-          attempts     INTEGER NOT NULL,
-          reason       TEXT NOT NULL,
-          published_at REAL NOT NULL,
-          dead_at      REAL NOT NULL
-        );
-        CREATE TABLE {n.dedup} (
-          dedup_id   TEXT PRIMARY KEY,
-          seq        INTEGER NOT NULL,
-          expires_at REAL NOT NULL
-        );
-        -- Pruning expired publish ids touches only those.
-        CREATE INDEX {n.dedup_expiry} ON {n.dedup} (expires_at)
-        """
-    ):
-        b.add(statement)
-    for statement in [
-        *_claims_table(n),
-        *_schedules_table(n),
-        *_groups_indexes(n),
-        *_settled_table(n),
-        *_outbox_table(n),
-    ]:
-        b.add(statement)
-    b.add(
-        f"INSERT OR IGNORE INTO {n.meta} (key, value) VALUES ('turn', 0), ('mark', 0), "
-        f"('expired', 0)"
-    )
-    _to_v4(b, n)
-    _to_v5(b, n)
-    _to_v6(b, n)
-    _set_version(b, n, SCHEMA_VERSION)
-    return b.build()
-
-
-def _groups_indexes(n: Names) -> list[str]:
-    return [
-        # Claim: the claimable groups, least recently claimed first (ties: the rowid, i.e.
-        # creation order); all of them (no priority floor), or those of one priority (one
-        # probe per level >= min_priority). Two small indexes rather than one statement long
-        # enough (>= 1 KiB) for rqlite to gzip every claim on every node.
-        f"CREATE INDEX {n.groups_ready} ON {n.groups} (turn) WHERE ready = 1 AND held = 0",
-        f"CREATE INDEX {n.groups_ready_by_priority} ON {n.groups} (priority, turn) "
-        f"WHERE ready = 1 AND held = 0",
-        # Claim: leases and parks whose deadline passed; and the groups a claim just took.
-        f"CREATE INDEX {n.groups_busy} ON {n.groups} (until) WHERE ready = 0",
-        # Pruning the rows of groups that emptied more than RETIRE_WINDOW ago.
-        f"CREATE INDEX {n.groups_empty} ON {n.groups} (until) WHERE ready = 2",
-    ]
-
-
-def _claims_table(n: Names) -> list[str]:
-    # The tokens of recent claims: a claim whose first send was held up (by a frozen node, say)
-    # and applies after its resend must not take groups for a token nobody holds any more.
-    return [
-        f"CREATE TABLE {n.claims} (token TEXT PRIMARY KEY, expires_at REAL NOT NULL)",
-        f"CREATE INDEX {n.claims_expiry} ON {n.claims} (expires_at)",
-    ]
-
-
-def _schedules_table(n: Names) -> list[str]:
-    # `every` (seconds) or `cron` (an expression, UTC): one of them. `next_at`: the tick to
-    # publish next; firing it moves `next_at` on with a compare-and-set, so a tick is published
-    # once however many clients race for it.
-    return [
-        f"CREATE TABLE {n.schedules} (name TEXT PRIMARY KEY, group_id TEXT NOT NULL, "
-        f"event TEXT NOT NULL, priority INTEGER NOT NULL, every REAL, cron TEXT, "
-        f"catch_up INTEGER NOT NULL, next_at REAL NOT NULL, created_at REAL NOT NULL)",
-        f"CREATE INDEX {n.schedules_due} ON {n.schedules} (next_at)",
-    ]
-
-
-def _to_v2(b: _Builder, n: Names) -> None:
-    """v1 -> v2: the `retired` table becomes empty rows of `groups`; `held` (operators' holds);
-    `dedup_id` on messages and the `mark` (a publish of many deduplicated messages in a fixed
-    number of statements); `claims` (a claim applies at most once, even late); `due` and
-    `expires` on messages (delayed messages, expiry); `schedules` (periodic jobs)."""
-    b.add(f"ALTER TABLE {n.messages} ADD COLUMN dedup_id TEXT")
-    b.add(f"ALTER TABLE {n.messages} ADD COLUMN due REAL NOT NULL DEFAULT 0")
-    b.add(f"ALTER TABLE {n.messages} ADD COLUMN expires REAL")
-    b.add(f"ALTER TABLE {n.groups} ADD COLUMN held INTEGER NOT NULL DEFAULT 0")
-    b.add(
-        f"INSERT OR IGNORE INTO {n.groups} (group_id, priority, turn, ready, until) "
-        f"SELECT group_id, 0, turn, 2, expires_at FROM {n.retired}"
-    )
-    b.add(f"DROP TABLE {n.retired}")
-    b.add(f"DROP INDEX {n.groups_ready}")
-    b.add(f"DROP INDEX {n.groups_ready_by_priority}")
-    b.add(f"DROP INDEX {n.groups_busy}")
-    for statement in _groups_indexes(n):
-        b.add(statement)
-    b.add(f"INSERT OR IGNORE INTO {n.meta} (key, value) VALUES ('mark', 0), ('expired', 0)")
-    for statement in [*_claims_table(n), *_schedules_table(n)]:
-        b.add(statement)
-
-
-def _settled_table(n: Names) -> list[str]:
-    # `kind`: 1 acked, 2 dead-lettered, 3 given back (a settlement sent again must be the same
-    # one to find its record: an ack does not succeed on a lease that was nacked).
-    return [
-        f"CREATE TABLE {n.settled} (token TEXT NOT NULL, seq INTEGER NOT NULL, "
-        f"kind INTEGER NOT NULL, expires_at REAL NOT NULL, PRIMARY KEY (token, seq)) "
-        f"WITHOUT ROWID",
-        f"CREATE INDEX {n.settled_expiry} ON {n.settled} (expires_at)",
-    ]
-
-
-def _outbox_table(n: Names) -> list[str]:
-    # Forwarded in id order (the primary key: no other index), so a group's follow-ups reach
-    # their shard in the order they were written.
-    return [
-        f"CREATE TABLE {n.outbox} (id INTEGER PRIMARY KEY AUTOINCREMENT, group_id TEXT NOT "
-        f"NULL, event TEXT NOT NULL, priority INTEGER NOT NULL, dedup_id TEXT, due REAL NOT "
-        f"NULL, expires REAL, created_at REAL NOT NULL)"
-    ]
-
-
-def _to_v3(b: _Builder, n: Names) -> None:
-    """v2 -> v3: `settled` (a settlement's outcome known exactly after a lost reply) and
-    `outbox` (a sharded settlement's follow-ups to other shards). v2 clients keep working on a
-    v3 queue: they write no records and need none, and publish no follow-ups."""
-    for statement in [*_settled_table(n), *_outbox_table(n)]:
-        b.add(statement)
-
-
-def _to_v4(b: _Builder, n: Names) -> None:
-    """v3 -> v4: tenants. Each group belongs to a tenant (`groups.tenant`, '' the default);
-    `tenants` holds each tenant's weight, its virtual time `vt` (the fair share's clock) and,
-    once tenants are on (`meta.tenants`: `_turn_tenants_on` makes the indexes and triggers they need
-    then, so a queue that never uses them pays nothing), `ready`, how many of its groups are
-    claimable now. `meta.vtime`: the queue's virtual time (the latest due time served);
-    `meta.tenant_sep`: the code point of the character whose first occurrence ends a group
-    id's tenant part (0: none). Also a `tenant` column on the outbox."""
-    b.add(f"ALTER TABLE {n.groups} ADD COLUMN tenant TEXT NOT NULL DEFAULT ''")
-    b.add(f"ALTER TABLE {n.outbox} ADD COLUMN tenant TEXT")
-    b.add(
-        f"CREATE TABLE {n.tenants} (name TEXT PRIMARY KEY, weight REAL NOT NULL DEFAULT 1, "
-        f"vt REAL NOT NULL DEFAULT 0, ready INTEGER NOT NULL DEFAULT 0)"
-    )
-    b.add(f"CREATE INDEX {n.tenants_ready} ON {n.tenants} (vt) WHERE ready > 0")
-    b.add(f"INSERT INTO {n.tenants} (name) VALUES ('')")
-    b.add(
-        f"INSERT OR IGNORE INTO {n.meta} (key, value) VALUES ('vtime', 0), ('tenant_sep', 0), "
-        f"('tenants', 0)"
-    )
-
-
-def _to_v5(b: _Builder, n: Names) -> None:
-    """v4 -> v5: limits per tenant and debounce. A tenant's cap on groups in flight (`cap`,
-    NULL: none), its rate limit, a token bucket (`rate` per second, NULL: none; `burst`;
-    `tokens` left at time `stamp`), its bounds on queued messages (`max_queued` in all,
-    `max_group_queued` in each of its groups; NULL: none). A message's `debounce` key (a
-    publish with the same key replaces it while it is unclaimed) and `due_by`, the latest its
-    due time may move to (the first publish of the run plus its `max_wait`)."""
-    for column in (
-        "cap INTEGER",
-        "rate REAL",
-        "burst REAL",
-        "tokens REAL NOT NULL DEFAULT 0",
-        "stamp REAL NOT NULL DEFAULT 0",
-        "max_queued INTEGER",
-        "max_group_queued INTEGER",
-    ):
-        b.add(f"ALTER TABLE {n.tenants} ADD COLUMN {column}")
-    # The rate-limited tenants (the probe looks there for the next token due).
-    b.add(f"CREATE INDEX {n.tenants_rated} ON {n.tenants} (stamp) WHERE rate IS NOT NULL")
-    # The tenants with a bound on queued messages (a publish checks them only if there are).
-    b.add(f"CREATE INDEX {n.tenants_bounded} ON {n.tenants} (name) WHERE {_BOUNDED}")
-    b.add(f"ALTER TABLE {n.messages} ADD COLUMN debounce TEXT")
-    b.add(f"ALTER TABLE {n.messages} ADD COLUMN due_by REAL")
-    b.add(
-        f"CREATE INDEX {n.messages_debounced} ON {n.messages} (group_id, debounce) "
-        f"WHERE debounce IS NOT NULL"
-    )
-    _tenants_mark(b, n)
-
-
-def _to_v6(b: _Builder, n: Names) -> None:
-    """v5 -> v6: message headers (`headers`: a JSON object of str to str; NULL: none) on
-    messages, dead letters and the outbox. v5 clients keep working on a v6 queue: they write
-    no headers and read none."""
-    for table in (n.messages, n.dead, n.outbox):
-        b.add(f"ALTER TABLE {table} ADD COLUMN headers TEXT")
-
-
-_BOUNDED = "max_queued IS NOT NULL OR max_group_queued IS NOT NULL"
-
-
-def _tenant_counting(n: Names) -> list[str]:
-    """What tenants need once on: an index of claimable groups per tenant (the fair claim
-    walks it), one of groups by tenant (`tenants()` counts through it), and triggers on
-    `groups` that keep each tenant's count of claimable groups exact, whatever statement
-    makes a group claimable or not, now and later. A tenant that gets claimable groups after
-    having none starts at the queue's virtual time: it banks no credit."""
-    claimable = "{row}.ready = 1 AND {row}.held = 0"
-    gains = (
-        f"INSERT INTO {n.tenants} (name, ready, vt) SELECT new.tenant, 1, (SELECT value FROM "
-        f"{n.meta} WHERE \"key\" = 'vtime') WHERE {claimable.format(row='new')} "
-        f"ON CONFLICT (name) DO UPDATE SET vt = CASE WHEN ready = 0 THEN max(vt, excluded.vt) "
-        f"ELSE vt END, ready = ready + 1;"
-    )
-    loses = (
-        f"UPDATE {n.tenants} SET ready = ready - 1 WHERE name = old.tenant "
-        f"AND {claimable.format(row='old')};"
-    )
-    return [
-        f"CREATE INDEX IF NOT EXISTS {n.groups_ready_by_tenant} ON {n.groups} (tenant, turn) "
-        f"WHERE ready = 1 AND held = 0",
-        f"CREATE INDEX IF NOT EXISTS {n.groups_by_tenant} ON {n.groups} (tenant)",
-        # A capped tenant's leases in flight are counted through it (at most its cap).
-        f"CREATE INDEX IF NOT EXISTS {n.groups_busy_by_tenant} ON {n.groups} (tenant) "
-        f"WHERE ready = 0 AND parked = 0",
-        f"CREATE TRIGGER IF NOT EXISTS {n.groups}_in AFTER INSERT ON {n.groups} "
-        f"WHEN {claimable.format(row='new')} BEGIN {gains} END",
-        f"CREATE TRIGGER IF NOT EXISTS {n.groups}_up AFTER UPDATE OF ready, held, tenant ON "
-        f"{n.groups} WHEN ({claimable.format(row='old')}) != ({claimable.format(row='new')}) "
-        f"OR old.tenant != new.tenant BEGIN {loses} {gains} END",
-        f"CREATE TRIGGER IF NOT EXISTS {n.groups}_out AFTER DELETE ON {n.groups} "
-        f"WHEN {claimable.format(row='old')} BEGIN {loses} END",
-    ]
-
-
-# Each step takes a database from the version before it to its own.
-MIGRATIONS = {2: _to_v2, 3: _to_v3, 4: _to_v4, 5: _to_v5, 6: _to_v6}
-
-
-def migrate(n: Names, version: int) -> Batch:
-    """Upgrade from `version` to this code's, in one transaction."""
-    b = _Builder()
-    _still_at(b, n, version)
-    for step in range(version + 1, SCHEMA_VERSION + 1):
-        MIGRATIONS[step](b, n)
-    _set_version(b, n, SCHEMA_VERSION)
-    return b.build()
-
-
-def _split(ddl: str) -> list[str]:
-    lines = [line for line in ddl.splitlines() if not line.strip().startswith("--")]
-    return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]
 
 
 # -------------------------------------------------------------------------------- publish
@@ -681,7 +157,7 @@ def publish(
     items = _json([m.row() for m in messages])
     b = _Builder()
     if named:
-        _turn_tenants_on(b, n)
+        turn_on(b, n)
     if prune_before is not None:
         b.add(f"DELETE FROM {n.dedup} WHERE expires_at < :t", {"t": prune_before})
     if debounced:
@@ -1225,7 +701,7 @@ def _follow_ups(b: _Builder, n: Names, s: Settle, now: float) -> None:
         return
     messages = [m for _, m in s.follow_ups]
     if any(m.tenant is not None for m in messages):
-        _turn_tenants_on(b, n)
+        turn_on(b, n)
     items = _json([[*m.row(), *h.key()] for h, m in s.follow_ups])
     _insert_messages(b, n, messages, items, now, s.dedup_until, lease)
 
@@ -1390,7 +866,7 @@ def _claim(b: _Builder, n: Names, c: Claim, now: float, returning: bool) -> None
         pick = (
             f"SELECT i FROM (SELECT g._rowid_ i, g.turn u, t.vt s, t.weight w, t.a, "
             f"row_number() OVER (PARTITION BY t.name ORDER BY g.turn, g._rowid_) k FROM "
-            f"(SELECT x.name, x.vt, x.weight, {_allowance(n, 'x')} a FROM {n.tenants} x WHERE "
+            f"(SELECT x.name, x.vt, x.weight, {tenants.ALLOWANCE(n)} a FROM {n.tenants} x WHERE "
             f"x.ready > 0 AND a > 0 ORDER BY x.vt LIMIT :n) t JOIN {n.groups} g ON g._rowid_ IN "
             f"(SELECT rowid FROM {n.groups} WHERE tenant = t.name AND ready = 1 AND held = 0 "
             f"ORDER BY turn, rowid LIMIT :n)) WHERE k <= a ORDER BY s + (k - 1) / w, u, i "
@@ -1409,7 +885,7 @@ def _claim(b: _Builder, n: Names, c: Claim, now: float, returning: bool) -> None
         # tenants with no allowance left are passed over (so they never crowd the others out
         # of a level's `n`), and each tenant's groups past its allowance are left out.
         allowed = (
-            f" AND coalesce((SELECT {_allowance(n, 'x')} FROM {n.tenants} x WHERE x.name = e), "
+            f" AND coalesce((SELECT {tenants.ALLOWANCE(n)} FROM {n.tenants} x WHERE x.name = e), "
             f"1) > 0"
             if c.fair
             else ""
@@ -1422,7 +898,7 @@ def _claim(b: _Builder, n: Names, c: Claim, now: float, returning: bool) -> None
         if c.fair:
             per_level = (
                 f"SELECT i, t FROM (SELECT i, t, row_number() OVER (PARTITION BY e ORDER BY t, "
-                f"i) k, (SELECT {_allowance(n, 'x')} FROM {n.tenants} x WHERE x.name = e) a "
+                f"i) k, (SELECT {tenants.ALLOWANCE(n)} FROM {n.tenants} x WHERE x.name = e) a "
                 f"FROM ({per_level})) WHERE k <= coalesce(a, :n)"
             )
         pick = f"SELECT i FROM ({per_level}) ORDER BY t, i LIMIT :n"
@@ -1481,30 +957,6 @@ def _claim(b: _Builder, n: Names, c: Claim, now: float, returning: bool) -> None
         )
 
 
-def _allowance(n: Names, t: str) -> str:
-    """How many groups the tenant row `t` may be given by one claim at `:now`: at most `:n`,
-    its cap less its leases in flight (counted only when capped), the whole tokens its bucket
-    holds (only when rate limited)."""
-    return (
-        f"min(:n, {_room(n, t)}, CASE WHEN {t}.rate IS NULL THEN :n ELSE "
-        f"CAST({_bucket(t)} + 1e-9 AS INTEGER) END)"
-    )
-
-
-def _room(n: Names, t: str) -> str:
-    """How many more groups the tenant row `t` may have in flight (`:n` when not capped)."""
-    return (
-        f"CASE WHEN {t}.cap IS NULL THEN :n ELSE {t}.cap - (SELECT count(*) FROM {n.groups} b "
-        f"WHERE b.tenant = {t}.name AND b.ready = 0 AND b.parked = 0) END"
-    )
-
-
-def _bucket(t: str) -> str:
-    """The tokens in the bucket of the tenant row `t` at `:now` (refilled at its rate since
-    `stamp`, up to its burst; a clock behind `stamp` adds nothing)."""
-    return f"min({t}.burst, {t}.tokens + max(0, :now - {t}.stamp) * {t}.rate)"
-
-
 def _tenants_served(b: _Builder, n: Names, taken: str, mine: dict[str, Any], now: float) -> None:
     """Each tenant's clock moves on by what it was given (1 / weight a group), its bucket
     loses a token a group, and the queue's clock moves to the latest due time served; a
@@ -1512,7 +964,7 @@ def _tenants_served(b: _Builder, n: Names, taken: str, mine: dict[str, Any], now
     first_send = f"NOT EXISTS (SELECT 1 FROM {n.claims} WHERE token IN (:k, ''))"
     b.add(
         f"UPDATE {n.tenants} AS x SET vt = vt + c / weight, tokens = CASE WHEN rate IS NULL "
-        f"THEN tokens ELSE {_bucket('x')} - c END, stamp = max(stamp, :now) FROM (SELECT "
+        f"THEN tokens ELSE {tenants.BUCKET(n)} - c END, stamp = max(stamp, :now) FROM (SELECT "
         f"tenant, count(*) c FROM ({taken}) GROUP BY tenant) WHERE name = tenant AND {first_send}",
         {**mine, "now": now},
     )
@@ -1601,7 +1053,7 @@ def probe(n: Names, *, min_priority: int, now: float) -> Batch:
         f"{first} IS NOT NULL"
         if min_priority
         else f"CASE WHEN {tenants_on} THEN EXISTS (SELECT 1 FROM {n.tenants} x WHERE "
-        f"x.ready > 0 AND {_allowance(n, 'x')} > 0) ELSE {first} IS NOT NULL END"
+        f"x.ready > 0 AND {tenants.ALLOWANCE(n)} > 0) ELSE {first} IS NOT NULL END"
     )
     b = _Builder(write=False, local=True)
     b.add(
@@ -1609,7 +1061,7 @@ def probe(n: Names, *, min_priority: int, now: float) -> Batch:
         f"(SELECT min(w) FROM (SELECT min(until) w FROM {n.groups} WHERE ready = 0 UNION ALL "
         f"SELECT min(x.stamp + (1 - x.tokens) / x.rate) FROM {n.tenants} x INDEXED BY "
         f"{n.tenants_rated} WHERE x.rate IS NOT NULL AND x.ready > 0 AND x.stamp + (1 - "
-        f"x.tokens) / x.rate > :now AND {_room(n, 'x')} > 0)), "
+        f"x.tokens) / x.rate > :now AND {tenants.ROOM(n)} > 0)), "
         f"(SELECT min(next_at) FROM {n.schedules}), {tenants_on}",
         {"p": min_priority, "n": 1, "now": now} if min_priority else {"n": 1, "now": now},
         slot="probe",
@@ -1668,120 +1120,6 @@ TENANTS_ON_ERROR = "NOT NULL constraint failed: {claims}.expires_at"
 TENANT_CHANGE_ERROR = "NOT NULL constraint failed: {tenants}.weight"
 """How a publish fails when an item names a tenant other than its group's (see
 `_insert_messages`)."""
-
-
-def _turn_tenants_on(b: _Builder, n: Names) -> None:
-    """Turn tenants on, once (each statement does nothing when they are on already): the
-    indexes and triggers of `_tenant_counting`, and every tenant of a group gets its row and
-    its count of claimable groups, which the triggers keep from then on; claims of clients
-    that learn it (the last column of the claim's rows and of the probe) share by weight."""
-    # `f`: the flag's row while it is off, the outer loop of each statement: once they are
-    # on, it is empty and nothing is scanned.
-    off = "f.\"key\" = 'tenants' AND f.value = 0"
-    vtime = f"(SELECT value FROM {n.meta} WHERE \"key\" = 'vtime')"
-    for ddl in _tenant_counting(n):
-        b.add(ddl)
-    b.add(
-        f"INSERT OR IGNORE INTO {n.tenants} (name, vt) SELECT DISTINCT all_groups.tenant, "
-        f"{vtime} FROM {n.meta} f JOIN {n.groups} all_groups WHERE {off}"
-    )
-    b.add(
-        f"UPDATE {n.tenants} SET ready = (SELECT count(*) FROM {n.groups} g WHERE "
-        f"g.tenant = name AND g.ready = 1 AND g.held = 0) WHERE name IN (SELECT "
-        f"all_tenants.name FROM {n.meta} f JOIN {n.tenants} all_tenants WHERE {off})"
-    )
-    b.add(f"UPDATE {n.meta} SET value = 1 WHERE \"key\" = 'tenants'")
-    _tenants_mark(b, n)
-
-
-def _tenants_mark(b: _Builder, n: Names) -> None:
-    """The row of token '*' in `claims` (never pruned) once tenants are on: a claim of a
-    client that has not learnt it takes nothing (see `_claim`)."""
-    b.add(
-        f"INSERT OR IGNORE INTO {n.claims} (token, expires_at) SELECT '*', :e FROM {n.meta} "
-        f"WHERE \"key\" = 'tenants' AND value = 1",
-        {"e": PAUSED_UNTIL},
-    )
-
-
-TENANT_SETTINGS = ("weight", "cap", "rate", "burst", "max_queued", "max_group_queued")
-"""The columns of a tenant's row that `set_tenant` sets (NULL: no limit)."""
-
-
-def set_tenant(n: Names, name: str, settings: Mapping[str, float | None], *, now: float) -> Batch:
-    """Store some of a tenant's settings (`TENANT_SETTINGS`; the others are kept; a tenant not
-    stored weighs 1 and has no limits). A new rate or burst fills the bucket."""
-    if not settings or not set(settings) <= set(TENANT_SETTINGS):
-        raise ValueError(f"tenant settings: {sorted(settings)}")
-    values = dict(settings)
-    if "rate" in values or "burst" in values:
-        values["tokens"] = values.get("burst") or 0
-        values["stamp"] = now
-    columns = list(values)
-    b = _Builder()
-    _turn_tenants_on(b, n)
-    b.add(
-        f"INSERT INTO {n.tenants} (name, vt, {', '.join(columns)}) VALUES "
-        f"({_TEXT.format(name='t')}, (SELECT value FROM {n.meta} WHERE \"key\" = 'vtime'), "
-        + ", ".join(f":{c}" for c in columns)
-        + ") ON CONFLICT (name) DO UPDATE SET "
-        + ", ".join(f"{c} = excluded.{c}" for c in columns),
-        {"t": _json(name), **values},
-    )
-    return b.build()
-
-
-def set_tenant_separator(n: Names, separator: str | None) -> Batch:
-    """Groups created from now on without a tenant take the part of their id before the
-    first `separator` (None: the default tenant)."""
-    b = _Builder()
-    _turn_tenants_on(b, n)
-    b.add(
-        f"UPDATE {n.meta} SET value = :c WHERE \"key\" = 'tenant_sep'",
-        {"c": 0 if separator is None else ord(separator)},
-    )
-    return b.build()
-
-
-def list_tenants(n: Names, *, now: float, limit: int, after: str | None) -> Batch:
-    """A page of the tenants (stored ones: every tenant that had a group claimable, or was
-    given a weight), by name after `after`, with their weight, claimable groups, groups with
-    messages, leases in flight and messages (counted through the index of groups by tenant)."""
-    mine = f"FROM {n.groups} g WHERE g.tenant = t.name AND g.ready != 2"
-    b = _Builder(write=False)
-    b.add(
-        f"SELECT t.name, t.weight, (SELECT count(*) {mine} AND g.ready = 1 AND g.held = 0), "
-        f"(SELECT count(*) {mine}), (SELECT count(*) {mine} "
-        f"AND g.ready = 0 AND g.parked = 0 AND g.token IS NOT NULL AND g.until > :now), "
-        f"(SELECT count(*) FROM {n.messages} m WHERE m.group_id IN (SELECT g.group_id {mine})), "
-        f"t.rate, t.burst, CASE WHEN t.rate IS NOT NULL THEN {_bucket('t')} END, t.cap, "
-        f"t.max_queued, t.max_group_queued FROM {n.tenants} t WHERE "
-        + ("true" if after is None else f"t.name > {_TEXT.format(name='a')}")
-        + " ORDER BY t.name LIMIT :limit",
-        {"now": now, "limit": limit, **({} if after is None else {"a": _json(after)})},
-        slot="tenants",
-    )
-    return b.build()
-
-
-def read_tenants(reply: Reply) -> list[TenantInfo]:
-    return [
-        TenantInfo(
-            str(r[0]),
-            float(r[1]),
-            int(r[2]),
-            int(r[3]),
-            int(r[4]),
-            int(r[5]),
-            rate=_float_or_none(r[6]),
-            burst=_float_or_none(r[7]),
-            tokens=_float_or_none(r[8]),
-            max_in_flight=_int_or_none(r[9]),
-            max_queued=_int_or_none(r[10]),
-            max_group_queued=_int_or_none(r[11]),
-        )
-        for r in reply["tenants"].rows
-    ]
 
 
 def _int_or_none(value: Any) -> int | None:

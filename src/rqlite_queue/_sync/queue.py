@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from .. import _tracing
 from .._io.sqlite import SqliteExecutor
 from .._io.urllib3_client import Urllib3Client
-from .._protocol import sharding
+from .._protocol import sharding, tenants
 from .._protocol.checks import check_id, check_int, check_seconds, show
 from .._protocol.core import (
     DEFAULT_DEDUP_WINDOW,
@@ -27,7 +27,7 @@ from .._protocol.core import (
     lease_lost,
 )
 from .._protocol.http import parse_endpoints, redact, unknown_scheme
-from .._protocol.params import GivenMessage, Message, RoundSpec, ScheduleSpec, tenant_settings
+from .._protocol.params import GivenMessage, Message, RoundSpec, ScheduleSpec
 from .._protocol.sharding import ShardList, ShardSpec, check_shard_name, parse_shard_list
 from ..codec import Codec
 from ..errors import InvalidArgument, NothingListens, OutcomeUnknown, Unavailable
@@ -504,21 +504,21 @@ class Transport:
 
         On a sharded queue, the settings are stored on every shard and each shard enforces
         them on its own groups: limits are per shard."""
-        settings = tenant_settings(weight, rate, burst, max_in_flight, max_queued, max_group_queued)
-        plan = self._core.set_tenant(name, settings)
+        given = tenants.settings(weight, rate, burst, max_in_flight, max_queued, max_group_queued)
+        plan = tenants.set_tenant(self._core, name, given)
         self.router.everywhere(plan, self._by(), "set_tenant")
 
     def set_tenant_rule(self, separator: str | None) -> None:
         """Groups created from now on without `tenant=` belong to the part of their id before
         the first `separator` (one character; e.g. ':' puts "acme:order-7" in tenant "acme");
         None: to the default tenant. Stored in the queue: every client follows it."""
-        plan = self._core.set_tenant_separator(separator)
+        plan = tenants.set_tenant_separator(self._core, separator)
         self.router.everywhere(plan, self._by(), "set_tenant_rule")
 
     def tenants(self, *, limit: int = 100, after: str | None = None) -> list[TenantInfo]:
         """A page of the tenants, by name (the default tenant, '', first): weight, claimable
         groups, groups with messages, leases in flight, messages."""
-        plan = self._core.tenants(limit, after)
+        plan = tenants.tenants(self._core, limit, after)
         return self.router.gather(plan, self._by(), sharding.tenants_of(limit))
 
     def pause(self) -> None:

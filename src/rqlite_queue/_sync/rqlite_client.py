@@ -13,7 +13,7 @@ from typing import Any
 
 from .._protocol.backup import Transfer, transfer
 from .._protocol.http import ClientState, Endpoints, Outcome, Send
-from .._protocol.sql import Batch, Result
+from .._protocol.plan import Batch, Result
 
 
 class RqliteClient(ClientState):

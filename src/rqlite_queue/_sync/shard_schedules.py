@@ -9,7 +9,8 @@ from __future__ import annotations
 import functools
 from typing import TypeVar
 
-from .._protocol.core import Plan, QueueCore
+from .._protocol.core import QueueCore
+from .._protocol.plan import Plan
 from .._protocol.sharding import ShardList
 from .._protocol.sql import ScheduleRow
 from .cluster import Backend

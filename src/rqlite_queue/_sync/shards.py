@@ -15,8 +15,9 @@ import functools
 from collections.abc import Mapping, Sequence
 from typing import TypeVar
 
-from .._protocol.core import Plan, QueueCore
+from .._protocol.core import QueueCore
 from .._protocol.params import CheckedRound, Settlement
+from .._protocol.plan import Plan, Statement
 from .._protocol.sharding import (
     ShardList,
     finished_on,
@@ -27,7 +28,7 @@ from .._protocol.sharding import (
     split_by_shard,
     split_round,
 )
-from .._protocol.sql import NewMessage, Statement
+from .._protocol.sql import NewMessage
 from .._runtime import LOCAL_PUBLISHES
 from ..errors import (
     BackendError,
@@ -313,9 +314,7 @@ class ShardRouter:
         try:
             return self.calls.on(name, plan, deadline)
         except BackendError as exc:
-            if not self.core.is_done_transaction(exc):
-                raise self.moves.stale(name, exc) from exc
-        return self.calls.on(name, self.core.done_transaction(messages), deadline)
+            raise self.moves.stale(name, exc) from exc
 
     def schedule(self, plan: Plan[T], name: str, group_id: str, deadline: float) -> T:
         return self.schedules.store(plan, name, group_id, deadline)

@@ -13,7 +13,8 @@ from typing import Any
 
 from .._protocol.core import QueueCore
 from .._protocol.params import GivenMessage, Message
-from .._protocol.sql import NewMessage, Params, Statement
+from .._protocol.plan import Params, Statement
+from .._protocol.sql import NewMessage
 from ..errors import InvalidArgument
 from ..types import PublishItem
 from .router import Router
