@@ -1,4 +1,4 @@
-"""The embedded backend publishes messages as bound rows (`sql._publish_bound`: one multi-row
+"""The embedded backend publishes messages as bound rows (`publish._bound`: one multi-row
 INSERT of bound parameters) where rqlite gets one JSON text (`json_each`). The two forms must
 leave the same database behind, publish after publish, and fall back to the JSON form for what
 the bound one does not carry (tenants, dedup ids, debounce keys, batches past its size)."""
@@ -13,8 +13,10 @@ from typing import Any
 import pytest
 
 from rqlite_queue import SqliteTransport
-from rqlite_queue._protocol import sql
-from rqlite_queue._protocol.params import Message, checked_message
+from rqlite_queue._protocol import publish as publishing
+from rqlite_queue._protocol.messages import Message, checked_message
+from rqlite_queue._protocol.names import Names
+from rqlite_queue._protocol.plan import Batch
 
 NOW = 1_800_000_000.0
 
@@ -74,14 +76,14 @@ def test_bound_rows_leave_what_json_leaves(
     assert _tables(tmp_path / "bound.db") == _tables(tmp_path / "json.db")
 
 
-def _plan(items: list[Any], **publish: Any) -> sql.Batch:
+def _plan(items: list[Any], **publish: Any) -> Batch:
     rows = [checked_message(m, NOW, str, None) for m in Message.parse_many(items)]
-    return sql.publish(
-        sql.Names.of("t"), rows, now=NOW, dedup_until=NOW + 60, prune_before=None, **publish
+    return publishing.publish(
+        Names.of("t"), rows, now=NOW, dedup_until=NOW + 60, prune_before=None, **publish
     )
 
 
-def _bound(batch: sql.Batch) -> bool:
+def _bound(batch: Batch) -> bool:
     return any(
         s.sql.startswith("INSERT INTO rq_t_messages") and "VALUES (?" in s.sql
         for s in batch.statements
@@ -93,8 +95,8 @@ def test_what_the_bound_form_carries() -> None:
     assert not _bound(_plan([("g", 1)], bind_rows=False))  # (rqlite)
     for other in ({"dedup_id": "d"}, {"tenant": "t"}, {"debounce": "k"}):
         assert not _bound(_plan([("g", 1), {"group_id": "g", "event": 2, **other}], bind_rows=True))
-    assert _bound(_plan([("g", i) for i in range(sql.BOUND_ROWS)], bind_rows=True))
-    assert not _bound(_plan([("g", i) for i in range(sql.BOUND_ROWS + 1)], bind_rows=True))
+    assert _bound(_plan([("g", i) for i in range(publishing.BOUND_ROWS)], bind_rows=True))
+    assert not _bound(_plan([("g", i) for i in range(publishing.BOUND_ROWS + 1)], bind_rows=True))
 
 
 def test_a_bound_publish_trips_on_tenants_turned_on(tmp_path: Path) -> None:

@@ -18,8 +18,10 @@ import pytest
 
 from rqlite_queue._io.sqlite import SqliteExecutor
 from rqlite_queue._io.urllib3_client import Urllib3Client
+from rqlite_queue._protocol import publish as publishing
 from rqlite_queue._protocol import schema, sql, tenants
 from rqlite_queue._protocol.http import parse_endpoints, parse_reply, request_for
+from rqlite_queue._protocol.messages import NewMessage
 from rqlite_queue._protocol.names import Names
 from rqlite_queue._protocol.plan import Batch, Result, Statement
 from rqlite_queue.testing import Cluster
@@ -53,8 +55,8 @@ Execute = Callable[[Batch], list[Result]]
 def hot_batches(n: Names) -> dict[str, Batch]:
     held = sql.Held(5, "g5", "token")
     many = [sql.Held(i, f"g{i}", f"t{i}") for i in range(100, 132)]
-    dedup = sql.NewMessage("g", "{}", 0, "dedup-id")
-    mixed = [sql.NewMessage(f"g{i}", "{}", i % 5, f"d{i}" if i % 2 else None) for i in range(100)]
+    dedup = NewMessage("g", "{}", 0, "dedup-id")
+    mixed = [NewMessage(f"g{i}", "{}", i % 5, f"d{i}" if i % 2 else None) for i in range(100)]
 
     def claim(
         count: int, floor: int = 0, settle: sql.Settle = NO_SETTLE, fair: bool = False
@@ -65,8 +67,8 @@ def hot_batches(n: Names) -> dict[str, Batch]:
     def settle(**parts: Any) -> Batch:
         return sql.round_trip(n, now=1.0, settle=sql.Settle(**parts))
 
-    def publish(messages: list[sql.NewMessage], prune: float | None = None) -> Batch:
-        return sql.publish(n, messages, now=1.0, dedup_until=2.0, prune_before=prune)
+    def publish(messages: list[NewMessage], prune: float | None = None) -> Batch:
+        return publishing.publish(n, messages, now=1.0, dedup_until=2.0, prune_before=prune)
 
     return {
         "claim": claim(1),
@@ -78,23 +80,23 @@ def hot_batches(n: Names) -> dict[str, Batch]:
         "settle 32 and claim 32": claim(
             32, settle=sql.Settle(finish=many[:16], give_back=[(many[16], 9.0)], extend=many[17:])
         ),
-        "publish": publish([sql.NewMessage("g", "{}", 0)]),
-        "publish, the tripwire form": sql.publish(
+        "publish": publish([NewMessage("g", "{}", 0)]),
+        "publish, the tripwire form": publishing.publish(
             n,
-            [sql.NewMessage("g", "{}", 0)],
+            [NewMessage("g", "{}", 0)],
             now=1.0,
             dedup_until=2.0,
             prune_before=None,
             bounds="tripwire",
         ),
-        "publish with a tenant": publish([sql.NewMessage("g", "{}", 0, tenant="t7")]),
+        "publish with a tenant": publish([NewMessage("g", "{}", 0, tenant="t7")]),
         "publish dedup": publish([dedup], prune=0.5),
         "publish debounced": publish(
-            [sql.NewMessage("g5", "{}", 0, debounce="k", due=9.0, due_by=20.0)]
+            [NewMessage("g5", "{}", 0, debounce="k", due=9.0, due_by=20.0)]
         ),
         "publish_many mixed": publish(mixed),
         "publish delayed, with a ttl": publish(
-            [sql.NewMessage("g", "{}", 0, None, due=9.0, expires=20.0)]
+            [NewMessage("g", "{}", 0, None, due=9.0, expires=20.0)]
         ),
         "schedules due": sql.list_schedules(n, due_by=5.0),
         "fire schedules": sql.fire(
@@ -142,15 +144,15 @@ def backlog(n: Names, execute: Execute) -> None:
     """BACKLOG groups of one message each, a priority-4 group, and as many delayed messages
     (half of them the heads of their own groups, half behind the head of another)."""
     create(n, execute)
-    messages = [sql.NewMessage(f"g{i}", "{}", 0, tenant=f"t{i % TENANTS}") for i in range(BACKLOG)]
-    messages.append(sql.NewMessage("urgent", "{}", 4))
+    messages = [NewMessage(f"g{i}", "{}", 0, tenant=f"t{i % TENANTS}") for i in range(BACKLOG)]
+    messages.append(NewMessage("urgent", "{}", 4))
     messages += [
-        sql.NewMessage(f"{'later' if i % 2 else 'g'}{i}", "{}", 0, None, due=1e9, expires=2e9)
+        NewMessage(f"{'later' if i % 2 else 'g'}{i}", "{}", 0, None, due=1e9, expires=2e9)
         for i in range(BACKLOG)
     ]
     for start in range(0, len(messages), 3000):
         execute(
-            sql.publish(
+            publishing.publish(
                 n, messages[start : start + 3000], now=1.0, dedup_until=2.0, prune_before=None
             )
         )
@@ -294,16 +296,16 @@ def test_claim_cost_is_flat(name: str, tmp_path: Path) -> None:
         # on one: its client learns they are on and claims by weight).
         tenanted = "tenant" in name
         messages = [
-            sql.NewMessage(f"g{i}", "{}", 0, tenant=f"t{i % (size // 20)}" if tenanted else None)
+            NewMessage(f"g{i}", "{}", 0, tenant=f"t{i % (size // 20)}" if tenanted else None)
             for i in range(size)
         ]
-        messages.append(sql.NewMessage("urgent", "{}", 4))
+        messages.append(NewMessage("urgent", "{}", 4))
         # As many delayed messages, half heading groups of their own, half behind others.
         messages += [
-            sql.NewMessage(f"{'later' if i % 2 else 'g'}{i}", "{}", 0, None, due=1e9)
+            NewMessage(f"{'later' if i % 2 else 'g'}{i}", "{}", 0, None, due=1e9)
             for i in range(size)
         ]
-        execute(sql.publish(n, messages, now=1.0, dedup_until=2.0, prune_before=None))
+        execute(publishing.publish(n, messages, now=1.0, dedup_until=2.0, prune_before=None))
         executor.close()
         sizes[size] = vm_steps(path, batches[name])
     flat = sizes[BACKLOG] <= sizes[1000] * 1.2 + 20
@@ -337,14 +339,14 @@ def _tenanted_queue(path: str, groups: int, per_group: int, tenants: int) -> Non
     step = 20_000
     for start in range(0, groups * per_group, step):
         messages = [
-            sql.NewMessage(f"g{i % groups}", "{}", 0, tenant=f"t{i % groups % tenants}")
+            NewMessage(f"g{i % groups}", "{}", 0, tenant=f"t{i % groups % tenants}")
             for i in range(start, min(start + step, groups * per_group))
         ]
-        execute(sql.publish(n, messages, now=1.0, dedup_until=2.0, prune_before=None))
+        execute(publishing.publish(n, messages, now=1.0, dedup_until=2.0, prune_before=None))
     execute(
-        sql.publish(
+        publishing.publish(
             n,
-            [sql.NewMessage("urgent", "{}", 4, tenant="t1")],
+            [NewMessage("urgent", "{}", 4, tenant="t1")],
             now=1.0,
             dedup_until=2.0,
             prune_before=None,

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from rqlite_queue import AsyncSqliteTransport, InvalidArgument, SqliteTransport, Unavailable
-from rqlite_queue._protocol import sql as sql_module
+from rqlite_queue._protocol import publish as publishing
 from rqlite_queue._protocol.plan import Batch, Statement
 from rqlite_queue.codec import JsonCodec
 from rqlite_queue.errors import BackendError
@@ -136,9 +136,9 @@ class FailingCodec(JsonCodec):
 
 
 def a_statement_after_the_insert(statement: Statement) -> Callable[..., Batch]:
-    """`sql.publish`, with `statement` run right after the INSERT of the messages: the write
-    transaction is open and holds the new rows when it fails."""
-    publish = sql_module.publish
+    """`publish.publish`, with `statement` run right after the INSERT of the messages: the
+    write transaction is open and holds the new rows when it fails."""
+    publish = publishing.publish
 
     def patched(*args: Any, **kwargs: Any) -> Batch:
         batch = publish(*args, **kwargs)
@@ -239,7 +239,7 @@ async def test_a_failed_call_leaves_the_file_unlocked(
         before = counts(await q.stats())
         with monkeypatch.context() as patched:
             if failure.patch is not None:
-                patched.setattr(sql_module, "publish", a_statement_after_the_insert(failure.patch))
+                patched.setattr(publishing, "publish", a_statement_after_the_insert(failure.patch))
             with pytest.raises(failure.error):
                 await failure.call(q)
         if not failure.writes:

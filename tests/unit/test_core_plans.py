@@ -9,9 +9,11 @@ from typing import Any
 import pytest
 
 from rqlite_queue import InvalidArgument, Lease, OutcomeUnknown
-from rqlite_queue._protocol import schema, sql
+from rqlite_queue._protocol import messages, schema, sql
+from rqlite_queue._protocol import publish as publishing
 from rqlite_queue._protocol.core import QueueCore
-from rqlite_queue._protocol.params import Message, RoundSpec
+from rqlite_queue._protocol.messages import Message
+from rqlite_queue._protocol.params import RoundSpec
 from rqlite_queue._protocol.plan import Plan
 from rqlite_queue.errors import EncodeError, TransportClosed
 from rqlite_queue.types import Round
@@ -42,7 +44,7 @@ def claim(c: QueueCore, worker: str, visibility: float, n: int, floor: int) -> P
 
 
 def publish_many(c: QueueCore, items: Any) -> Plan[list[int]]:
-    return c.publish(c.messages(Message.parse_many(items), scoped=False))
+    return publishing.plan(c, messages.checked(c, Message.parse_many(items), scoped=False))
 
 
 def publish(c: QueueCore, group_id: str, event: Any, **options: Any) -> Plan[list[int]]:

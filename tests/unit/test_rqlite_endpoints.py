@@ -9,9 +9,12 @@ import itertools
 from typing import Any
 
 from rqlite_queue import Lease
+from rqlite_queue._protocol import messages
+from rqlite_queue._protocol import publish as publishing
 from rqlite_queue._protocol.core import QueueCore
 from rqlite_queue._protocol.http import request_for
-from rqlite_queue._protocol.params import Message, RoundSpec
+from rqlite_queue._protocol.messages import Message
+from rqlite_queue._protocol.params import RoundSpec
 from rqlite_queue._protocol.plan import Batch, Plan, Statement
 
 NOW = 1_800_000_000.0
@@ -55,7 +58,7 @@ def test_a_write_that_reads_rows_goes_to_request() -> None:
     plans = [
         round_(worker_id="w", ack=[lease(1, "a"), lease(2, "b")]),
         round_(worker_id="w", n=2, min_priority=1),
-        c.publish(c.messages(Message.parse_many([("g", 1)]), scoped=False)),
+        publishing.plan(c, messages.checked(c, Message.parse_many([("g", 1)]), scoped=False)),
     ]
     for plan in plans:
         assert any(s.sql.startswith(("SELECT", "WITH")) for s in plan.batch.statements)
@@ -72,3 +75,14 @@ def test_every_write_with_a_select_goes_to_request() -> None:
     write = Statement("UPDATE rq_t_meta SET value = value WHERE 0")
     assert request_for(plain.first([write])).path == EXECUTE
     assert request_for(Batch((read,))).path == REQUEST  # a batch made by hand: by default
+
+
+def test_a_publish_of_a_client_that_knows_tenants_off_goes_to_execute() -> None:
+    """Its tripwire fails it if tenants are on, so its groups' rows are the default tenant's
+    and made without a WITH: a write with no SELECT, which reads only counts and the last
+    insert id. With a dedup id it reads the ids' seqs (a SELECT): /db/request."""
+    c = core()
+    plain = publishing.plan(c, messages.checked(c, [("g", 1)], scoped=False), tenants_on=False)
+    assert request_for(plain.batch).path == EXECUTE
+    deduplicated = messages.checked(c, [Message("g", 1, dedup_id="d")], scoped=False)
+    assert request_for(publishing.plan(c, deduplicated, tenants_on=False).batch).path == REQUEST

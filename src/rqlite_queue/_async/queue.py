@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from .. import _tracing
 from .._io.aiohttp_client import AiohttpClient
 from .._io.sqlite import AsyncSqliteExecutor
-from .._protocol import sharding, tenants
+from .._protocol import messages, publish, sharding, tenants
 from .._protocol.checks import check_id, check_int, check_seconds, show
 from .._protocol.core import (
     DEFAULT_DEDUP_WINDOW,
@@ -27,7 +27,8 @@ from .._protocol.core import (
     lease_lost,
 )
 from .._protocol.http import parse_endpoints, redact, unknown_scheme
-from .._protocol.params import GivenMessage, Message, RoundSpec, ScheduleSpec
+from .._protocol.messages import GivenMessage, Message
+from .._protocol.params import RoundSpec, ScheduleSpec
 from .._protocol.sharding import ShardList, ShardSpec, check_shard_name, parse_shard_list
 from ..codec import Codec
 from ..errors import InvalidArgument, NothingListens, OutcomeUnknown, Unavailable
@@ -226,14 +227,14 @@ class AsyncTransport:
             return seqs
 
     async def _send(self, given: Sequence[GivenMessage], connection: object = None) -> list[int]:
-        messages = self._core.messages(given, scoped=self.router.scoped_dedup)
+        checked = messages.checked(self._core, given, scoped=self.router.scoped_dedup)
         if connection is None:
-            return await self.router.publish(messages, self._by())
+            return await self.router.publish(checked, self._by())
         backend = self.router.cluster
         if backend is None:
             raise InvalidArgument("connection= is for the embedded SQLite queue, not shards")
         return backend.run_in(
-            connection, self._core.publish(messages, bind_rows=backend.binds_rows)
+            connection, publish.plan(self._core, checked, bind_rows=backend.binds_rows)
         )
 
     async def claim(self, worker_id: str, visibility: float, min_priority: int = 0) -> Lease | None:
@@ -287,7 +288,7 @@ class AsyncTransport:
         sending nothing: `InvalidArgument`, whose `index` is the first bad item's. Returns
         them checked and encoded, which this queue's `publish=` arguments take as they are
         (a Worker checks its handlers' follow-ups when they return, and sends them later)."""
-        return self._core.checked_items(items, scoped=self.router.scoped_dedup)
+        return messages.checked_items(self._core, items, scoped=self.router.scoped_dedup)
 
     def transaction(self) -> AsyncTransaction:
         """`async with queue.transaction() as tx:` your statements (`tx.execute(sql,

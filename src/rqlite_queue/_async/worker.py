@@ -20,7 +20,7 @@ from typing import Any
 
 from .. import _tracing
 from .._protocol.checks import check_bool, check_int, check_seconds
-from .._protocol.params import MAX_PUBLISH
+from .._protocol.messages import MAX_PUBLISH
 from .._protocol.retry import ROUND_ERRORS, Backoff
 from .._protocol.worker_policy import FailurePolicy, PriorityShare, Verdict, heartbeat_due
 from .._runtime import LOCAL_PUBLISHES, SKIPPED, AsyncRuntime, is_async_handler

@@ -9,8 +9,7 @@ draws a random number or touches a socket, so every plan can be tested on canned
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from ..codec import Codec, as_codec
@@ -23,26 +22,22 @@ from ..errors import (
     OutcomeUnknown,
     PayloadTooLarge,
     QueueError,
-    QueueFull,
-    TenantMismatch,
     TransportClosed,
 )
 from ..types import (
     GROUP_STATES,
     MAX_BATCH,
     MAX_PRIORITY,
-    CheckedItems,
     DeadLetter,
     GroupInfo,
     Headers,
     Lease,
     Probe,
-    PublishItem,
     Round,
     Schedule,
     Stats,
 )
-from . import sql
+from . import messages, sql
 from .cadence import missed
 from .checks import (
     check_id,
@@ -56,22 +51,14 @@ from .params import (
     FINISH,
     GIVE_BACK,
     CheckedRound,
-    GivenMessage,
-    Message,
     RoundSpec,
     ScheduleSpec,
     Settlement,
-    TraceHeaders,
     check_reason,
-    checked_message,
 )
-from .plan import NOTHING, Plan, Reply, Statement, nothing
-from .sharding import scoped_dedup_id
+from .plan import NOTHING, Plan, Reply, nothing
 
 T = TypeVar("T")
-
-
-_FULL = "this publish would go over a bound on queued messages (nothing was written)"
 
 
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
@@ -160,174 +147,7 @@ class QueueCore:
 
     # ---------------------------------------------------------------------- publish
 
-    def messages(self, given: Sequence[GivenMessage], *, scoped: bool) -> list[sql.NewMessage]:
-        """Check and encode messages to publish. `scoped`: dedup ids are scoped to their
-        group (a sharded queue's: the same id in two groups is two messages)."""
-        now = self.now()
-        trace = None if self.trace_headers is None else TraceHeaders.of(self.trace_headers())
-        encode, dedup_id = self._encode, None if self.dedup_key is None else self._dedup_id
-        rows: list[sql.NewMessage] = []
-        try:  # (one try for the list: a call per message to mark its index costs more)
-            for m in given:
-                row = checked_message(m, now, encode, dedup_id, trace)
-                if scoped and row.dedup_id is not None:
-                    row = row._replace(dedup_id=scoped_dedup_id(row.group_id, row.dedup_id))
-                rows.append(row)
-        except InvalidArgument as exc:
-            exc.index = len(rows)
-            raise
-        return rows
-
-    def checked_items(self, items: Iterable[PublishItem], *, scoped: bool) -> CheckedItems:
-        """`items` checked and encoded once, for a later round's follow-ups."""
-        rows = tuple(self._follow_up_rows(Message.parse_many(items), scoped))
-        ids = frozenset(m.dedup_id for m in rows if m.dedup_id is not None)
-        return CheckedItems(rows, ids, self)
-
-    def follow_ups(self, items: object, *, scoped: bool) -> Sequence[sql.NewMessage]:
-        """A lease's follow-ups, checked and encoded (or as `checked_items` made them)."""
-        if isinstance(items, CheckedItems):
-            if items.origin is not self:
-                raise InvalidArgument("these items were checked by another queue")
-            return items.rows
-        return self._follow_up_rows(Message.parse_many(items), scoped)  # type: ignore[arg-type]
-
-    def _follow_up_rows(self, given: Sequence[GivenMessage], scoped: bool) -> list[sql.NewMessage]:
-        """Follow-ups are published as they are: a debounce key has no pending message to
-        replace in an ack's transaction that it could name (refused)."""
-        rows = self.messages(given, scoped=scoped)
-        for index, row in enumerate(rows):
-            if row.debounce is not None:
-                exc = InvalidArgument("debounce= is for publish and publish_many, not follow-ups")
-                exc.index = index
-                raise exc
-        return rows
-
-    def publish(
-        self,
-        messages: Sequence[sql.NewMessage],
-        *,
-        tenants_on: bool | None = True,
-        bind_rows: bool = False,
-    ) -> Plan[list[int]]:
-        """Publish checked messages atomically; the plan reads their seqs, in order.
-        `tenants_on`: what the client knows of the queue's tenants (bounds need them on):
-        True, check the bounds; False, fail if they are on (and then check them, with
-        `Plan.if_tenants_on`); None, skip bounds (follow-ups forwarded from an outbox).
-        `bind_rows`: the backend is the embedded SQLite (`sql.publish`)."""
-        now = self.now()
-        plain = not any(
-            m.tenant is not None or m.dedup_id is not None or m.debounce is not None
-            for m in messages
-        )
-        unique, where = (list(messages), None) if plain else self._folded(messages)
-        seen = () if plain else {m.dedup_id for m in unique if m.dedup_id is not None}
-        # Forget ids a whole window after they expired: a publisher whose clock runs ahead of
-        # another's by up to the window cannot prune ids the other still relies on.
-        prune = bool(seen) and self.chance() < PRUNE_CHANCE
-        batch = sql.publish(
-            self.names,
-            unique,
-            now=now,
-            dedup_until=now + self.dedup_window,
-            prune_before=now - self.dedup_window if prune else None,
-            bounds="check" if tenants_on else "skip" if tenants_on is None else "tripwire",
-            bind_rows=bind_rows,
-        )
-
-        def read(reply: Reply) -> list[int]:
-            seqs = sql.read_published(reply, unique)
-            return seqs if where is None else [seqs[at] for at in where]
-
-        from .tenants import TenantsTurnedOn
-
-        def instead(error: QueueError) -> Plan[list[int]] | None:
-            if isinstance(error, QueueFull):
-                return self._queue_full(unique)
-            if isinstance(error, TenantsTurnedOn) and tenants_on is False:
-                return self.publish(messages, tenants_on=True, bind_rows=bind_rows)
-            return None
-
-        # Only dedup ids make a second send harmless: it then finds the ids and inserts nothing.
-        every_message_deduplicated = all(m.dedup_id is not None for m in messages)
-        named = not plain and any(m.tenant is not None for m in unique)
-        return Plan(
-            batch,
-            read,
-            resend_safe=every_message_deduplicated,
-            tenants_on=named,
-            instead=instead,
-        )
-
-    @staticmethod
-    def _folded(
-        messages: Sequence[sql.NewMessage],
-    ) -> tuple[list[sql.NewMessage], list[int]]:
-        """The messages to insert, and where each given one went among them: a dedup id
-        repeated within one batch is one message (its repeats get its seq), and so is a
-        debounce key repeated in a group (the first's place, the last's content). A group
-        given two tenants is refused (`TenantMismatch`)."""
-        unique: list[sql.NewMessage] = []
-        where: list[int] = []  # each message's index in `unique`
-        first: dict[tuple[str, ...], int] = {}
-        tenants: dict[str, str] = {}
-        for index, m in enumerate(messages):
-            if m.tenant is not None and tenants.setdefault(m.group_id, m.tenant) != m.tenant:
-                exc = TenantMismatch(f"group {show(m.group_id)} is given two tenants")
-                exc.index = index
-                raise exc
-            # Two key spaces: a debounce key never folds into an equal dedup id.
-            key = (
-                ("dedup", m.dedup_id)
-                if m.dedup_id is not None
-                else ("debounce", m.group_id, m.debounce)
-                if m.debounce is not None
-                else None
-            )
-            if key is not None and key in first:
-                at = first[key]
-                if m.debounce is not None:
-                    run = unique[at]
-                    due = m.due if run.due_by is None else min(m.due, run.due_by)
-                    unique[at] = run._replace(
-                        event=m.event,
-                        due=due,
-                        expires=m.expires,
-                        tenant=m.tenant or run.tenant,
-                        headers=m.headers,
-                    )
-                where.append(at)
-                continue
-            if key is not None:
-                first[key] = len(unique)
-            where.append(len(unique))
-            unique.append(m)
-        return unique, where
-
-    def _queue_full(self, messages: Sequence[sql.NewMessage]) -> Plan[list[int]]:
-        """The read that names the bound a refused publish would have gone over (and raises
-        its `QueueFull`)."""
-
-        def read(reply: Reply) -> list[int]:
-            reached = sql.read_bounds_reached(reply)
-            if reached is None:
-                raise QueueFull(_FULL + " (since the refusal, messages were taken)")
-            tenant = show(reached.tenant) if reached.tenant else "the default tenant"
-            where = (
-                f"group {show(reached.group_id)} of tenant {tenant}"
-                if reached.group_id is not None
-                else f"tenant {tenant}"
-            )
-            raise QueueFull(
-                f"{_FULL}: {where} may hold at most {reached.limit} messages",
-                tenant=reached.tenant,
-                group_id=reached.group_id,
-                limit=reached.limit,
-            )
-
-        return Plan(sql.bounds_reached(self.names, messages), read)
-
-    def _dedup_id(self, event: Any) -> str | None:
+    def dedup_id(self, event: Any) -> str | None:
         if self.dedup_key is None:
             return None
         try:
@@ -335,7 +155,7 @@ class QueueCore:
         except Exception as exc:
             raise InvalidArgument(f"dedup_key failed on this event: {exc!r}") from exc
 
-    def _encode(self, event: Any) -> str:
+    def encode(self, event: Any) -> str:
         try:
             text = self.codec.encode(event)
         except QueueError:
@@ -364,7 +184,7 @@ class QueueCore:
     def check_round(self, spec: RoundSpec, *, scoped: bool = False) -> CheckedRound:
         """Every argument of a round, checked once, before anything is sent anywhere.
         `scoped`: the follow-ups' dedup ids are scoped to their group (a sharded queue's)."""
-        checked = spec.checked(lambda given: self.follow_ups(given, scoped=scoped))
+        checked = spec.checked(lambda given: messages.follow_ups(self, given, scoped=scoped))
         self.now()
         return checked
 
@@ -432,7 +252,7 @@ class QueueCore:
                 lease = Lease(
                     r.seq,
                     r.group_id,
-                    self._decode(r.event),
+                    self.decode(r.event),
                     token,
                     r.attempts,
                     r.expires_at,
@@ -476,7 +296,7 @@ class QueueCore:
         """`round(check_round(spec))`: the plan of a round on one cluster."""
         return self.round(self.check_round(spec))
 
-    def _decode(self, text: str) -> Any:
+    def decode(self, text: str) -> Any:
         try:
             return self.codec.decode(text)
         except QueueError:
@@ -583,7 +403,7 @@ class QueueCore:
 
     def schedule(self, spec: ScheduleSpec) -> Plan[Schedule]:
         now = self.now()
-        row = spec.checked(now, self._encode)
+        row = spec.checked(now, self.encode)
         schedule = self._schedule(row)
         return Plan(
             sql.put_schedule(self.names, row, now=now), lambda r: schedule, resend_safe=True
@@ -597,7 +417,7 @@ class QueueCore:
         return Schedule(
             row.name,
             row.group_id,
-            self._decode(row.event),
+            self.decode(row.event),
             row.priority,
             row.every,
             row.cron,
@@ -667,7 +487,7 @@ class QueueCore:
                 DeadLetter(
                     int(r[0]),
                     str(r[1]),
-                    self._decode(str(r[2])),
+                    self.decode(str(r[2])),
                     int(r[3]),
                     int(r[4]),
                     str(r[5]),
@@ -728,7 +548,7 @@ class QueueCore:
         self.now()
         return Plan(
             sql.peek(self.names, group_id, limit=limit),
-            lambda reply: [(int(r[0]), self._decode(str(r[1]))) for r in reply["messages"].rows],
+            lambda reply: [(int(r[0]), self.decode(str(r[1]))) for r in reply["messages"].rows],
         )
 
     # ------------------------------------------------------------ a sharded queue's
@@ -779,47 +599,6 @@ class QueueCore:
             resend=None if resend is None else lambda: resend().first(guards),
             instead=None if instead is None else guarded_instead,
         )
-
-    def transaction(
-        self, statements: Sequence[Statement], messages: Sequence[sql.NewMessage]
-    ) -> Plan[list[int]]:
-        """The caller's statements and these publishes, in one transaction; the plan reads the
-        publishes' seqs. Sent again after a lost reply only if every publish has a dedup id:
-        the transaction then carries an id of its own (made from theirs), which fails a second
-        application whole: the plan then reads its seqs from the publishes' dedup ids."""
-        plan = self.publish(messages)
-        ids = sorted(m.dedup_id for m in messages if m.dedup_id is not None)
-        first: list[Statement] = []
-        if messages and len(ids) == len(messages):
-            digest = hashlib.blake2b("\0".join(ids).encode(), digest_size=16).hexdigest()
-            first = [
-                sql.transaction_id(self.names, f"tx:{digest}", until=self.now() + self.dedup_window)
-            ]
-        publish_instead = plan.instead
-
-        def instead(error: QueueError) -> Plan[list[int]] | None:
-            if first and sql.TRANSACTION_DONE_ERROR.format(dedup=self.names.dedup) in str(error):
-                return self.done_transaction(messages)
-            return None if publish_instead is None else publish_instead(error)
-
-        return Plan(
-            plan.batch.first([*first, *statements]),
-            plan.read,
-            resend_safe=bool(first),
-            tenants_on=plan.tenants_on,
-            instead=instead,
-        )
-
-    def done_transaction(self, messages: Sequence[sql.NewMessage]) -> Plan[list[int]]:
-        """The seqs of a transaction that applied already, from its publishes' dedup ids."""
-        self.now()
-
-        def read(reply: Reply) -> list[int]:
-            known = {str(r[0]): int(r[1]) for r in reply["dedup"].rows}
-            return [known[m.dedup_id] for m in messages if m.dedup_id is not None]
-
-        ids = [m.dedup_id for m in messages if m.dedup_id is not None]
-        return Plan(sql.dedup_seqs(self.names, ids), read)
 
     def is_stale_epoch(self, error: QueueError) -> bool:
         """Whether a guarded batch failed because its shard has a newer shard list."""

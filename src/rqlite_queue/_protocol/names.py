@@ -123,8 +123,8 @@ class _Later(dict[str, Any]):
 class Sql:
     """One statement's text, whole: rendered at import with `parts` (its variants' texts,
     its items' `Fields`) and `states.WORDS`, then once per queue with the queue's names.
-    Written as SQL reads, over lines (sent as one line: the spaces collapsed, so no `--`
-    comments: they go beside the text, in Python)."""
+    Written as SQL reads, over lines (sent as one line, `_one_line`: so no `--` comments:
+    they go beside the text, in Python)."""
 
     __slots__ = ("_by_queue", "template")
     template: str
@@ -138,7 +138,7 @@ class Sql:
             if isinstance(part, str) and "{" in part:
                 raise ValueError(f"{key}: a part with placeholders is an Sql, not a str")
             words[key] = part.template if isinstance(part, Sql) else part
-        self.template = " ".join(text.format_map(words).split())
+        self.template = _one_line(text.format_map(words))
         self._by_queue: dict[str, str] = {}
 
     def __call__(self, names: Names) -> str:
@@ -154,6 +154,12 @@ class Sql:
 
     def __repr__(self) -> str:
         return f"Sql({self.template!r})"
+
+
+def _one_line(text: str) -> str:
+    """`text` on one line, its spaces collapsed, none inside parentheses' ends (the bytes of a
+    statement count: rqlite gzips one of 1 KiB or more)."""
+    return " ".join(text.split()).replace("( ", "(").replace(" )", ")")
 
 
 def as_json(value: Any) -> str:

@@ -7,12 +7,10 @@ then the plan what to do instead (`Plan.instead`)."""
 from __future__ import annotations
 
 from ..errors import QueueError, QueueFull, TenantMismatch
-from . import sql
+from . import publish, sql
 from .core import QueueCore
 from .schema import FENCE_ERROR, SchemaChanged, changed
 from .tenants import TenantsTurnedOn
-
-FULL = "this publish would go over a bound on queued messages (nothing was written)"
 
 
 def refined(core: QueueCore, error: QueueError) -> QueueError:
@@ -21,14 +19,14 @@ def refined(core: QueueCore, error: QueueError) -> QueueError:
     text, n = str(error), core.names
     if FENCE_ERROR.format(meta=n.meta) in text:
         return SchemaChanged(changed(core, None))
-    if sql.QUEUE_FULL_ERROR.format(tenants=n.tenants) in text:
-        return QueueFull(FULL)
+    if publish.QUEUE_FULL_ERROR.format(tenants=n.tenants) in text:
+        return QueueFull(publish.FULL)
     if (
         sql.TENANTS_ON_ERROR.format(claims=n.claims) in text
-        or sql.TENANTS_ON_PUBLISH_ERROR.format(messages=n.messages) in text
+        or publish.TENANTS_ON_ERROR.format(messages=n.messages) in text
     ):
         return TenantsTurnedOn(text)
-    if sql.TENANT_CHANGE_ERROR.format(tenants=n.tenants) in text:
+    if publish.TENANT_CHANGE_ERROR.format(tenants=n.tenants) in text:
         return TenantMismatch(
             "a group's tenant never changes while it has messages: this publish names "
             "another tenant for a group that has messages (nothing was written)"

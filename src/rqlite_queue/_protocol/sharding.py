@@ -31,9 +31,10 @@ from ..types import (
 )
 from .checks import show
 from .http import unknown_scheme
+from .messages import NewMessage, scoped_dedup_id
 from .params import FINISH, CheckedRound, Settlement
 from .retry import PROBE
-from .sql import NewMessage, OutboxRow
+from .sql import OutboxRow
 
 T = TypeVar("T")
 
@@ -217,13 +218,6 @@ def ranking(group_id: str, names: Iterable[str]) -> list[str]:
 def home(group_id: str, names: Sequence[str]) -> str:
     """The shard the group lives on."""
     return max(names, key=lambda name: (_score(name, group_id), name))
-
-
-def scoped_dedup_id(group_id: str, dedup_id: str) -> str:
-    """A dedup id scoped to its group: the same id in two groups is two publishes (on one
-    cluster or many), and the stored text stays short whatever the ids' lengths."""
-    key = group_id.encode("utf-8", "surrogatepass") + b"\0" + dedup_id.encode()
-    return "g:" + hashlib.blake2b(key, digest_size=16).hexdigest()
 
 
 def split_by_shard(items: Sequence[T], shard_of: Callable[[T], str]) -> dict[str, list[int]]:

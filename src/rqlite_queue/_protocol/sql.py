@@ -56,19 +56,19 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from operator import attrgetter
-from typing import Any, NamedTuple
+from typing import Any
 
 from ..types import MAX_PRIORITY
 from . import tenants
-from .names import Names
+from .messages import NewMessage
+from .names import Fields, Names, Sql
 from .plan import READS as _READS
 from .plan import Batch, Params, Reply, Result, Statement
 from .plan import Builder as _Builder
-from .tenants import BOUNDED as _BOUNDED
+from .publish import insert_messages
 from .tenants import PAUSED_UNTIL, turn_on
 
-__all__ = ["Batch", "Names", "Params", "Reply", "Result", "Statement"]
+__all__ = ["Batch", "Names", "NewMessage", "Params", "Reply", "Result", "Statement"]
 
 RETIRE_WINDOW = 300.0
 QUEUE_NAME = re.compile(r"[a-z0-9_]{1,40}")
@@ -88,393 +88,6 @@ def _item(field_no: int, alias: str = "j") -> str:
 # literal (x'00ff') into a BLOB (its http/request_parser.go), but never looks inside a JSON
 # text, so every group id travels as JSON and comes back as the same text.
 _TEXT = "json_extract(:{name}, '$')"
-
-
-# -------------------------------------------------------------------------------- publish
-
-
-class NewMessage(NamedTuple):
-    """A message to insert, checked and encoded. (A named tuple: a frozen dataclass's
-    `__init__` sets each field through `object.__setattr__`, which `publish_many` pays per
-    field of every message.)"""
-
-    group_id: str
-    event: str
-    priority: int
-    dedup_id: str | None = None
-    due: float = 0.0
-    """Not delivered before (epoch seconds; 0: at once)."""
-    expires: float | None = None
-    """Dead-lettered instead of delivered after (None: never)."""
-    tenant: str | None = None
-    """The tenant of the group this message creates or refills (None: the queue's rule's,
-    or the default tenant '')."""
-    debounce: str | None = None
-    """Replaces its group's pending message with the same key, if there is one."""
-    due_by: float | None = None
-    """With `debounce`: its due time never moves past this (None: no bound)."""
-    headers: str | None = None
-    """Its headers, encoded (a JSON object; None: none)."""
-
-    def row(self) -> list[Any]:
-        """As a JSON item of the statements that insert messages (fields 0 to ROW_FIELDS -
-        1, see `_item`): its fields, in order."""
-        return list(self)
-
-
-ROW_FIELDS = 10
-
-
-def publish(
-    n: Names,
-    messages: Sequence[NewMessage],
-    *,
-    now: float,
-    dedup_until: float,
-    prune_before: float | None,
-    bounds: str = "check",
-    bind_rows: bool = False,
-) -> Batch:
-    """Append messages in order, in a fixed number of statements. A group's priority is set by
-    the publish that creates (or refills) its row and kept while it has messages. A message
-    with a dedup id is inserted only if the id is not remembered, unexpired at `now`; the
-    seqs of deduplicated messages (new or earlier) are read back. `messages` must not repeat a
-    dedup id (the core folds repeats). `prune_before`: first forget dedup ids that expired
-    before it. `bounds`: "check" the tenants' bounds on queued messages (`_within_bounds`);
-    "tripwire" (a client that has not learnt that tenants are on: bounds need them on) fail
-    with TENANTS_ON_PUBLISH_ERROR if they are; "skip" them (follow-ups forwarded from an
-    outbox: never bounded). `bind_rows`: the backend binds parameters for less than SQL
-    parses them out of JSON (`_publish_bound`)."""
-    if bind_rows and 0 < len(messages) <= BOUND_ROWS:
-        bound = _publish_bound(n, messages, now, prune_before, bounds)
-        if bound is not None:
-            return bound
-    named = debounced = deduplicated = False
-    for m in messages:  # (one pass)
-        named = named or m.tenant is not None
-        debounced = debounced or m.debounce is not None
-        deduplicated = deduplicated or m.dedup_id is not None
-    items = _json([m.row() for m in messages])
-    b = _Builder()
-    if named:
-        turn_on(b, n)
-    if prune_before is not None:
-        b.add(f"DELETE FROM {n.dedup} WHERE expires_at < :t", {"t": prune_before})
-    if debounced:
-        _mark_last_seq(b, n)
-        _debounce(b, n, items, now)
-    replaced = f" AND {_not_replaced(n)}" if debounced else ""
-    if bounds == "tripwire" and named:
-        bounds = "check"  # this publish turns them on (above), if they were not
-    published_at = _TRIPWIRE.format(claims=n.claims) if bounds == "tripwire" else ":now"
-    _insert_messages(b, n, messages, items, now, dedup_until, "true", replaced, published_at)
-    if bounds == "check":
-        _within_bounds(b, n, messages)
-    if debounced:
-        b.add(
-            f"SELECT j.key, max(m.seq) FROM json_each(:items) j JOIN {n.messages} m ON "
-            f"m.group_id = {_item(0)} AND m.debounce = {_item(7)} GROUP BY j.key",
-            {"items": items},
-            slot="debounced",
-        )
-    if deduplicated:
-        ids = _json([m.dedup_id for m in messages if m.dedup_id is not None])
-        b.add(
-            f"SELECT d.dedup_id, d.seq FROM json_each(:ids) j "
-            f"JOIN {n.dedup} d ON d.dedup_id = j.value",
-            {"ids": ids},
-            slot="dedup",
-        )
-    return b.build()
-
-
-BOUND_ROWS = 4000
-"""Most messages `_publish_bound` inserts at once: at 6 parameters a row, under SQLite's
-default limit of 32,766 parameters per statement."""
-
-
-def _publish_bound(
-    n: Names,
-    messages: Sequence[NewMessage],
-    now: float,
-    prune_before: float | None,
-    bounds: str,
-) -> Batch | None:
-    """`publish` for the embedded backend, of messages without a tenant, dedup id or debounce
-    key (the common case; None for others): the rows as bound parameters of one multi-row
-    INSERT, and the groups' rows from the first message of each group, picked here. The same
-    statements as JSON cost SQLite about twice as much: it parses a JSON item once per field
-    it reads. (Not for rqlite: it turns every parameter into a value of its own in the
-    request, the Raft log and each node's binding, so that one JSON text is cheaper there:
-    bench/bound_rows.py.)"""
-    # Only the columns some message sets (the others' defaults are theirs): each bound value
-    # costs about as much as the row's share of the index.
-    params: list[Any] = []
-    first: dict[str, tuple[int, float]] = {}  # group id: its first message's priority, due
-    wide = False
-    for group_id, event, priority, dedup_id, due, expires, tenant, debounce, _, head in messages:
-        if dedup_id is not None or tenant is not None or debounce is not None:
-            return None
-        params += (group_id, event, now)
-        if due or expires is not None or head is not None:
-            wide = True
-        if group_id not in first:
-            first[group_id] = (priority, due)
-    extra: list[str] = []
-    if wide:
-        extra = [
-            column
-            for column, given in (
-                ("due", any(m.due for m in messages)),
-                ("expires", any(m.expires is not None for m in messages)),
-                ("headers", any(m.headers is not None for m in messages)),
-            )
-            if given
-        ]
-        fields = attrgetter("group_id", "event", *extra)
-        params = []
-        for m in messages:
-            params += (*fields(m), now)
-    b = _Builder()
-    if prune_before is not None:
-        b.add(f"DELETE FROM {n.dedup} WHERE expires_at < :t", {"t": prune_before})
-    if bounds == "tripwire":  # (the tripwire of `publish`, once rather than once per row)
-        b.add(
-            f"INSERT INTO {n.messages} (group_id, event, published_at) SELECT '', '', NULL "
-            f"WHERE EXISTS (SELECT 1 FROM {n.claims} WHERE token = '*')"
-        )
-    row = f"({', '.join(['?'] * (len(extra) + 3))})"
-    b.add(
-        f"INSERT INTO {n.messages} (group_id, event, {''.join(c + ', ' for c in extra)}"
-        f"published_at) VALUES {', '.join([row] * len(messages))}",
-        params,
-        slot="inserted",
-    )
-    groups = _json(list(first))
-    _forget_expired(b, n, "SELECT j.value FROM json_each(:groups) j", {"groups": groups}, now)
-    # (Numbered: `?` and `:now` cannot be bound together.)
-    rows: list[str] = []
-    group_params: list[Any] = []
-    for k, (group_id, (priority, due)) in enumerate(first.items()):
-        rows.append(f"(?{4 * k + 1}, ?{4 * k + 2}, ?{4 * k + 3}, ?{4 * k + 4}, NULL)")
-        group_params += (k, group_id, priority, due)
-    group_params.append(now)
-    b.add(
-        _UPSERT_GROUP.format(n=n, rows="VALUES " + ", ".join(rows), now=f"?{len(group_params)}"),
-        group_params,
-    )
-    if bounds == "check":
-        _within_bounds(b, n, messages)
-    return b.build()
-
-
-# A message its group has not delivered yet: not the head a lease took (`groups.head` keeps
-# the seq of the message a claim took until it is acked or dead-lettered).
-_PENDING = (
-    "{m}.group_id = {g} AND {m}.debounce = {k} AND {m}.seq IS NOT (SELECT head FROM {groups} "
-    "WHERE group_id = {g})"
-)
-
-
-def _not_replaced(n: Names) -> str:
-    """The item (`j`) replaced no message that was there before this publish (`_debounce`;
-    `meta.mark`): it is inserted, and may create or refill its group."""
-    pending = _PENDING.format(m="p", g=_item(0), k=_item(7), groups=n.groups)
-    return (
-        f"({_item(7)} IS NULL OR NOT EXISTS (SELECT 1 FROM {n.messages} p WHERE {pending} AND "
-        f"p.seq <= (SELECT value FROM {n.meta} WHERE \"key\" = 'mark')))"
-    )
-
-
-def _debounce(b: _Builder, n: Names, items: str, now: float) -> None:
-    """Items with a debounce key replace their group's pending message with the same key (its
-    seq, its place and its first publish time kept): its event, ttl and due time become
-    theirs, the due time never past the run's `due_by`. When that message is its group's
-    head, the group waits for the new due time (or no longer)."""
-    pending = _PENDING.format(m=n.messages, g=_item(0), k=_item(7), groups=n.groups)
-    b.add(
-        f"UPDATE {n.messages} SET event = {_item(1)}, expires = {_item(5)}, due = "
-        f"min({_item(4)}, coalesce(due_by, 9e18)), headers = {_item(9)} FROM json_each(:items) "
-        f"j WHERE {pending}",
-        {"items": items},
-    )
-    # The groups whose head was replaced: not leased (its head never taken), so claimable
-    # now or waiting for the head's due time.
-    b.add(
-        f"UPDATE {n.groups} AS g SET ready = d <= :now, until = iif(d > :now, d, 0), parked = "
-        f"2 * (d > :now) FROM (SELECT m.group_id i, m.due d FROM json_each(:items) j JOIN "
-        f"{n.messages} m ON m.seq = (SELECT min(seq) FROM {n.messages} WHERE group_id = "
-        f"{_item(0)}) WHERE {_item(7)} IS NOT NULL AND m.debounce = {_item(7)}) WHERE "
-        f"g.group_id = i AND g.head IS NOT (SELECT min(seq) FROM {n.messages} WHERE group_id "
-        f"= i) AND (g.ready = 1 OR g.parked = 2)",
-        {"items": items, "now": now},
-    )
-
-
-_TRIPWIRE = "iif(EXISTS (SELECT 1 FROM {claims} WHERE token = '*'), NULL, :now)"
-TENANTS_ON_PUBLISH_ERROR = "NOT NULL constraint failed: {messages}.published_at"
-"""How a publish that assumed tenants off fails once they are on (`publish`, "tripwire")."""
-
-QUEUE_FULL_ERROR = "NOT NULL constraint failed: {tenants}.vt"
-"""How a publish fails when it would take a tenant, or one of its groups, over its bound on
-queued messages (see `_within_bounds`)."""
-
-
-def _within_bounds(b: _Builder, n: Names, messages: Sequence[NewMessage]) -> None:
-    """Fail the transaction (QUEUE_FULL_ERROR) if, with this publish's messages in, a group
-    or a tenant of theirs holds more messages than its tenant's bound. A queue without bounds
-    pays one probe of an empty index; counting a group's or a tenant's messages costs what
-    they hold, at most about the bound."""
-    groups = _json(list(dict.fromkeys(m.group_id for m in messages)))
-    held = f"(SELECT count(*) FROM {n.messages} WHERE group_id = {{g}})"
-    b.add(
-        f"WITH x(i, e) AS (SELECT g.group_id, g.tenant FROM json_each(:groups) j JOIN "
-        f"{n.groups} g ON g.group_id = j.value) UPDATE {n.tenants} SET vt = NULL WHERE name = "
-        f"'' AND EXISTS (SELECT 1 FROM {n.tenants} INDEXED BY {n.tenants_bounded} WHERE "
-        f"{_BOUNDED}) AND EXISTS (SELECT 1 FROM {n.tenants} t WHERE t.name IN (SELECT e FROM "
-        f"x) AND ((t.max_group_queued IS NOT NULL AND EXISTS (SELECT 1 FROM x WHERE e = t.name "
-        f"AND {held.format(g='i')} > t.max_group_queued)) OR (t.max_queued IS NOT NULL AND "
-        f"(SELECT sum({held.format(g='h.group_id')}) FROM {n.groups} h WHERE h.tenant = t.name)"
-        f" > t.max_queued)))",
-        {"groups": groups},
-    )
-
-
-def bounds_reached(n: Names, messages: Sequence[NewMessage]) -> Batch:
-    """After a publish failed with QUEUE_FULL_ERROR (and wrote nothing): for each of its
-    groups whose tenant has a bound, the tenant (its stored one while it has messages, else
-    the one the publish gives or the rule derives, as `_UPSERT_GROUP` decides), the messages
-    the publish adds to it, its bounds, and the messages the group and the tenant hold."""
-    items = _json([m.row() for m in messages])
-    b = _Builder(write=False)
-    b.add(
-        f"WITH x(g, t) AS (SELECT {_item(0)}, {_item(6)} FROM json_each(:items) j), "
-        f"y AS (SELECT g, t, count(*) c, instr(g, (SELECT char(value) FROM {n.meta} WHERE "
-        f"\"key\" = 'tenant_sep')) i FROM x GROUP BY g), z AS (SELECT g, c, coalesce((SELECT "
-        f"tenant FROM {n.groups} WHERE group_id = g AND ready != 2), t, iif(i > 1, "
-        f"substr(g, 1, i - 1), '')) e FROM y) SELECT z.g, z.e, z.c, t.max_group_queued, "
-        f"(SELECT count(*) FROM {n.messages} m WHERE m.group_id = z.g), t.max_queued, "
-        f"(SELECT count(*) FROM {n.groups} h JOIN {n.messages} m ON m.group_id = h.group_id "
-        f"WHERE h.tenant = z.e) FROM z JOIN {n.tenants} t ON t.name = z.e WHERE "
-        f"t.max_queued IS NOT NULL OR t.max_group_queued IS NOT NULL",
-        {"items": items},
-        slot="bounds",
-    )
-    return b.build()
-
-
-@dataclass(frozen=True, slots=True)
-class BoundReached:
-    tenant: str
-    group_id: str | None
-    """None: the tenant's bound."""
-    limit: int
-
-
-def read_bounds_reached(reply: Reply) -> BoundReached | None:
-    """The first bound the refused publish would have gone over (None: none now)."""
-    added: dict[str, int] = {}
-    tenants: dict[str, tuple[int | None, int]] = {}
-    for group_id, tenant, count, group_bound, held, tenant_bound, tenant_held in reply[
-        "bounds"
-    ].rows:
-        if group_bound is not None and int(held) + int(count) > int(group_bound):
-            return BoundReached(str(tenant), str(group_id), int(group_bound))
-        added[tenant] = added.get(tenant, 0) + int(count)
-        tenants[tenant] = (_int_or_none(tenant_bound), int(tenant_held))
-    for tenant, (bound, held) in tenants.items():
-        if bound is not None and held + added[tenant] > bound:
-            return BoundReached(str(tenant), None, bound)
-    return None
-
-
-def _insert_messages(
-    b: _Builder,
-    n: Names,
-    messages: Sequence[NewMessage],
-    items: str,
-    now: float,
-    dedup_until: float,
-    condition: str,
-    replaced: str = "",
-    published_at: str = ":now",
-) -> None:
-    """Insert `items` (a JSON array: group, event, priority, dedup id, due, expires, tenant,
-    ...), those for which `condition` holds (an SQL expression over `j`), and create or
-    refill their groups' rows. `replaced`: ` AND` a further condition of the insert only
-    (a debounced item that replaced its group's pending message: its group has one, so its
-    row is neither created nor refilled)."""
-    deduplicated = any(m.dedup_id is not None for m in messages)
-    if any(m.tenant is not None for m in messages):
-        # A group's tenant never changes while it has messages: an item naming another one
-        # fails the transaction (TENANT_CHANGE_ERROR: the weight of the default tenant's row
-        # set to NULL, which NOT NULL refuses).
-        b.add(
-            f"UPDATE {n.tenants} SET weight = NULL WHERE name = '' AND EXISTS (SELECT 1 "
-            f"FROM json_each(:items) j JOIN {n.groups} g ON g.group_id = {_item(0)} "
-            f"AND g.ready != 2 AND g.tenant != {_item(6)} WHERE {condition})",
-            {"items": items},
-        )
-    if deduplicated:
-        _mark_last_seq(b, n)
-    unseen = (
-        f" AND ({_item(3)} IS NULL OR NOT EXISTS (SELECT 1 FROM {n.dedup} "
-        f"WHERE dedup_id = {_item(3)} AND expires_at >= :now))"
-        if deduplicated
-        else ""
-    )
-    debounced = any(m.debounce is not None for m in messages)
-    columns, values = (
-        ("", "") if not debounced else (", debounce, due_by", f", {_item(7)}, {_item(8)}")
-    )
-    if any(m.headers is not None for m in messages):  # (only then: a v5 client's text)
-        columns, values = f"{columns}, headers", f"{values}, {_item(9)}"
-    b.add(
-        f"INSERT INTO {n.messages} (group_id, event, published_at, dedup_id, due, expires"
-        f"{columns}) SELECT {_item(0)}, {_item(1)}, {published_at}, {_item(3)}, {_item(4)}, "
-        f"{_item(5)}"
-        f"{values} FROM json_each(:items) j WHERE {condition}{unseen}{replaced} ORDER BY j.key",
-        {"items": items, "now": now},
-        slot="inserted",
-    )
-    groups = _json(list(dict.fromkeys(m.group_id for m in messages)))
-    _forget_expired(b, n, "SELECT j.value FROM json_each(:groups) j", {"groups": groups}, now)
-    if deduplicated:
-        b.add(
-            f"INSERT OR REPLACE INTO {n.dedup} (dedup_id, seq, expires_at) "
-            f"SELECT dedup_id, seq, :until FROM {n.messages} WHERE seq > "
-            f"(SELECT value FROM {n.meta} WHERE \"key\" = 'mark') AND dedup_id IS NOT NULL",
-            {"until": dedup_until},
-        )
-    # Only the items inserted now create or refill their group's row (a duplicate must not
-    # bring back a group that has since emptied, nor set a priority); of those, the first of
-    # each group (the ones after it would find its row refilled and change nothing).
-    # (An item without a dedup id finds no row: the coalesce lets it through.)
-    inserted_now = (
-        f"coalesce((SELECT seq FROM {n.dedup} WHERE dedup_id = {_item(3)}), 9e18) > "
-        f"(SELECT value FROM {n.meta} WHERE \"key\" = 'mark')"
-        if deduplicated
-        else "true"
-    )
-    where = " AND ".join(c for c in (condition, inserted_now) if c != "true") or "true"
-    b.add(
-        _UPSERT_GROUP.format(
-            n=n,
-            now=":now",
-            rows=f"SELECT min(j.key), {_item(0)}, {_item(2)}, {_item(4)}, {_item(6)} FROM "
-            f"json_each(:items) j WHERE {where} GROUP BY 2",
-        ),
-        {"items": items, "now": now},
-    )
-
-
-def _mark_last_seq(b: _Builder, n: Names) -> None:
-    """`meta.mark`: the last seq given so far. Rows inserted after have seqs above it
-    (AUTOINCREMENT)."""
-    b.add(
-        f"UPDATE {n.meta} SET value = coalesce((SELECT seq FROM sqlite_sequence "
-        f"WHERE name = '{n.messages}'), 0) WHERE \"key\" = 'mark'"
-    )
 
 
 def _forget_expired(b: _Builder, n: Names, groups: str, params: dict[str, Any], now: float) -> None:
@@ -505,54 +118,6 @@ _UPSERT_GROUP = (
     "parked = excluded.parked, priority = excluded.priority, tenant = excluded.tenant "
     "WHERE ready = 2"
 )
-
-
-def read_published(reply: Reply, messages: Sequence[NewMessage]) -> list[int]:
-    """The seq of each published message, in order (for a deduplicated one, the seq of the
-    message its id first published)."""
-    inserted = reply["inserted"]
-    count = inserted.rows_affected
-    next_seq = (_require_int(inserted.last_insert_id) - count + 1) if count else 0
-    if "dedup" not in reply and "debounced" not in reply:  # (each message is a new row)
-        if count != len(messages):
-            raise ValueError(f"{len(messages)} messages published, {count} rows inserted")
-        return list(range(next_seq, next_seq + count))
-    first_new = next_seq
-    known = {str(r[0]): int(r[1]) for r in reply["dedup"].rows} if "dedup" in reply else {}
-    debounced = (
-        {int(r[0]): int(r[1]) for r in reply["debounced"].rows} if "debounced" in reply else {}
-    )
-    seqs = []
-    for index, m in enumerate(messages):
-        if m.debounce is not None:
-            # Inserted now (numbered in order with the others) or the pending one replaced.
-            seq = debounced[index]
-            if seq >= next_seq and count:
-                if seq != next_seq:
-                    raise ValueError(f"debounced item {index}: seq {seq} != {next_seq}")
-                next_seq += 1
-            seqs.append(seq)
-            continue
-        if m.dedup_id is None or known.get(m.dedup_id, -1) >= first_new > 0:
-            # A multi-row INSERT numbers its rows consecutively (AUTOINCREMENT, one writer).
-            seq = next_seq
-            next_seq += 1
-            if m.dedup_id is not None and known[m.dedup_id] != seq:
-                raise ValueError(f"dedup id {m.dedup_id!r}: seq {known[m.dedup_id]} != {seq}")
-        elif m.dedup_id in known:
-            seq = known[m.dedup_id]
-        else:
-            raise ValueError(f"dedup id {m.dedup_id!r} was neither inserted nor known")
-        seqs.append(seq)
-    if next_seq - first_new != count:
-        raise ValueError(f"{count} rows inserted, {next_seq - first_new} accounted for")
-    return seqs
-
-
-def _require_int(value: int | None) -> int:
-    if value is None:
-        raise ValueError("missing last_insert_id")
-    return value
 
 
 # ------------------------------------------------------------------ settle, then claim
@@ -679,31 +244,44 @@ def round_trips(
     return first, round_trip(n, now=now, settle=settle, claim=claim, prune=prune)
 
 
+# A follow-up, as its JSON item: the message's fields, then its lease's (group, token, seq).
+FOLLOW_UP = Fields("j", (*NewMessage._fields, "lease_group", "lease_token", "lease_seq"))
+LEASE_HOLDS = Sql(
+    """
+    EXISTS (SELECT 1 FROM {groups} g WHERE g.group_id = {j.lease_group}
+      AND g.token = {j.lease_token} AND g.head = {j.lease_seq})
+    """,
+    j=FOLLOW_UP,
+)
+_OUTBOXED = Sql(
+    """
+    INSERT INTO {outbox} (group_id, event, priority, dedup_id, due, expires, tenant, created_at,
+      headers)
+    SELECT {j.group_id}, {j.event}, {j.priority}, {j.dedup_id}, {j.due}, {j.expires},
+      {j.tenant}, :now, {j.headers}
+    FROM json_each(:o) j WHERE {holds} ORDER BY j.key
+    """,
+    j=FOLLOW_UP,
+    holds=LEASE_HOLDS,
+)
+
+
 def _follow_ups(b: _Builder, n: Names, s: Settle, now: float) -> None:
     """The follow-ups of settlements, each published (or written to the outbox) only if its
     lease holds: placed before the settlements change the leases. A resend after the first
     send applied finds the lease gone and publishes nothing again."""
-    lease = (
-        f"EXISTS (SELECT 1 FROM {n.groups} g WHERE {_holds(alias='j', groups='g', at=ROW_FIELDS)})"
-    )
     if s.outboxed:
-        items = _json([[*m.row(), *h.key()] for h, m in s.outboxed])
-        b.add(
-            f"INSERT INTO {n.outbox} (group_id, event, priority, dedup_id, due, expires, "
-            f"tenant, created_at, headers) SELECT {_item(0)}, {_item(1)}, {_item(2)}, "
-            f"{_item(3)}, {_item(4)}, {_item(5)}, {_item(6)}, :now, {_item(9)} FROM "
-            f"json_each(:o) j WHERE {lease} "
-            f"ORDER BY j.key",
-            {"o": items, "now": now},
-            slot="outboxed",
-        )
+        items = _json([[*m, *h.key()] for h, m in s.outboxed])
+        b.add(_OUTBOXED(n), {"o": items, "now": now}, slot="outboxed")
     if not s.follow_ups:
         return
     messages = [m for _, m in s.follow_ups]
     if any(m.tenant is not None for m in messages):
         turn_on(b, n)
-    items = _json([[*m.row(), *h.key()] for h, m in s.follow_ups])
-    _insert_messages(b, n, messages, items, now, s.dedup_until, lease)
+    items = _json([[*m, *h.key()] for h, m in s.follow_ups])
+    insert_messages(
+        b, n, messages, items, now=now, dedup_until=s.dedup_until, condition=LEASE_HOLDS
+    )
 
 
 def _settle(b: _Builder, n: Names, s: Settle, now: float) -> None:
@@ -1116,10 +694,6 @@ def release(n: Names, group_id: str) -> Batch:
 
 TENANTS_ON_ERROR = "NOT NULL constraint failed: {claims}.expires_at"
 """How a claim that assumed tenants off fails once they are on (see `_claim`)."""
-
-TENANT_CHANGE_ERROR = "NOT NULL constraint failed: {tenants}.weight"
-"""How a publish fails when an item names a tenant other than its group's (see
-`_insert_messages`)."""
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -1570,30 +1144,6 @@ def guarded(batch: Batch, guards: Sequence[Statement]) -> Batch:
         batch.returning,
         batch.selects or any(g.sql.lstrip().startswith(_READS) for g in guards),
     )
-
-
-TRANSACTION_DONE_ERROR = "UNIQUE constraint failed: {dedup}.dedup_id"
-"""How a transaction's batch fails when its id is remembered: it applied already."""
-
-
-def transaction_id(n: Names, txn_id: str, *, until: float) -> Statement:
-    """The first statement of a transaction sent again after a lost reply: it fails the whole
-    transaction (a duplicate key) if an earlier send applied it; remembered like a dedup id."""
-    return Statement(
-        f"INSERT INTO {n.dedup} (dedup_id, seq, expires_at) VALUES (:id, 0, :until)",
-        {"id": txn_id, "until": until},
-    )
-
-
-def dedup_seqs(n: Names, ids: Sequence[str]) -> Batch:
-    """The seqs the dedup ids published."""
-    b = _Builder(write=False)
-    b.add(
-        f"SELECT d.dedup_id, d.seq FROM json_each(:ids) j JOIN {n.dedup} d ON d.dedup_id = j.value",
-        {"ids": _json(list(ids))},
-        slot="dedup",
-    )
-    return b.build()
 
 
 def shard_epoch(n: Names) -> Batch:

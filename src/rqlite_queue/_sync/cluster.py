@@ -15,13 +15,13 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
-from .._protocol import refusals, schema
+from .._protocol import publish, refusals, schema
 from .._protocol.core import QueueCore
 from .._protocol.http import STATUS_TIMEOUT, applied_index, parse_nodes
-from .._protocol.params import MAX_PUBLISH, CheckedRound, RoundSpec
+from .._protocol.messages import MAX_PUBLISH, NewMessage
+from .._protocol.params import CheckedRound, RoundSpec
 from .._protocol.plan import Batch, Plan, Reply, Result, Statement, Steps
 from .._protocol.retry import FAILOVER, MIN_ATTEMPT, Retry
-from .._protocol.sql import NewMessage
 from .._protocol.tenants import TenantsTurnedOn
 from .._runtime import LOCAL_PUBLISHES, FanOut, Same
 from ..errors import (
@@ -374,7 +374,9 @@ class ClusterRouter:
         backend = self.backend
         tenants_on = backend.fair if bounded else None
         return backend.run(
-            backend.core.publish(messages, tenants_on=tenants_on, bind_rows=backend.binds_rows),
+            publish.plan(
+                backend.core, messages, tenants_on=tenants_on, bind_rows=backend.binds_rows
+            ),
             deadline,
         )
 
@@ -442,7 +444,8 @@ class ClusterRouter:
     def transaction(
         self, statements: Sequence[Statement], messages: Sequence[NewMessage], deadline: float
     ) -> list[int]:
-        return self.backend.run(self.backend.core.transaction(statements, messages), deadline)
+        plan = publish.transaction(self.backend.core, statements, messages)
+        return self.backend.run(plan, deadline)
 
     def nodes(self) -> list[NodeView]:
         return self.backend.nodes()

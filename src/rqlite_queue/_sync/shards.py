@@ -15,7 +15,9 @@ import functools
 from collections.abc import Mapping, Sequence
 from typing import TypeVar
 
+from .._protocol import publish
 from .._protocol.core import QueueCore
+from .._protocol.messages import NewMessage
 from .._protocol.params import CheckedRound, Settlement
 from .._protocol.plan import Plan, Statement
 from .._protocol.sharding import (
@@ -28,7 +30,6 @@ from .._protocol.sharding import (
     split_by_shard,
     split_round,
 )
-from .._protocol.sql import NewMessage
 from .._runtime import LOCAL_PUBLISHES
 from ..errors import (
     BackendError,
@@ -146,7 +147,8 @@ class ShardRouter:
         def part(name: str, backend: Backend) -> list[int] | QueueFull:
             held = sorted({messages[i].group_id for i in parts[name]} & waiting)
             tenants_on = backend.fair if bounded else None
-            mine = self.core.publish(
+            mine = publish.plan(
+                self.core,
                 [messages[i] for i in parts[name]],
                 tenants_on=tenants_on,
                 bind_rows=backend.binds_rows,
@@ -309,7 +311,9 @@ class ShardRouter:
         self.calls.check_up(name)
         held = self.moves.still_on_old_shards({m.group_id for m in messages}, deadline)
         plan = self.core.guarded(
-            self.core.transaction(statements, messages), self.shard_list.epoch, sorted(held)
+            publish.transaction(self.core, statements, messages),
+            self.shard_list.epoch,
+            sorted(held),
         )
         try:
             return self.calls.on(name, plan, deadline)

@@ -11,10 +11,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._protocol import messages
 from .._protocol.core import QueueCore
-from .._protocol.params import GivenMessage, Message
+from .._protocol.messages import GivenMessage, Message, NewMessage
 from .._protocol.plan import Params, Statement
-from .._protocol.sql import NewMessage
 from ..errors import InvalidArgument
 from ..types import PublishItem
 from .router import Router
@@ -91,7 +91,7 @@ class Transaction:
 
     def _add(self, given: Sequence[GivenMessage]) -> Published:
         self._open()
-        checked = self._core.messages(given, scoped=self._router.scoped_dedup)
+        checked = messages.checked(self._core, given, scoped=self._router.scoped_dedup)
         published = Published()
         self._published.append((published, len(self._messages), len(checked)))
         self._messages += checked
