@@ -24,8 +24,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from rqlite_queue import SqliteTransport  # noqa: E402
-from rqlite_queue._protocol.params import RoundSpec  # noqa: E402
+from rqlite_queue._protocol import round_spec  # noqa: E402
+from rqlite_queue._protocol import rounds as round_plans  # noqa: E402
 from rqlite_queue._protocol.plan import Batch  # noqa: E402
+from rqlite_queue._protocol.round_spec import RoundSpec  # noqa: E402
 
 
 def follow_up(into: str, n: int) -> Any:
@@ -63,7 +65,7 @@ def main() -> int:
         q.publish_many([(f"g{i}", i) for i in range(args.leases * 30)])
         leases = q.claim_many("w", 600, args.leases)
         core = q._core  # the round's batch, built as the queue builds it
-        rounds = {
+        specs = {
             "without": RoundSpec(worker_id="w", visibility=60, n=args.leases, ack=leases),
             "with": RoundSpec(
                 worker_id="w",
@@ -73,8 +75,8 @@ def main() -> int:
                 publish=[(lease, [follow_up(args.into, lease.event)]) for lease in leases],
             ),
         }
-        for name, spec in rounds.items():
-            batch = core.round(core.check_round(spec)).batch
+        for name, spec in specs.items():
+            batch = round_plans.plan(core, round_spec.check(core, spec)).batch
             times = timings(path, batch, args.repeats)
             print(f"{name} follow-ups: {sum(times.values()):.3f} ms per round")
             for key, ms in times.items():

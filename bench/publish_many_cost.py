@@ -22,7 +22,6 @@ import time
 from typing import Any
 
 from rqlite_queue import Transport
-from rqlite_queue._protocol.params import Message
 
 
 def main() -> None:
@@ -33,23 +32,37 @@ def main() -> None:
         q = Transport.from_url(f"sqlite:///{tmp}/q.db", queue="p")
         items = [(f"g{i % 100}", {"i": i, "x": "payload"}) for i in range(1000)]
         core = q._core  # (the pure half: no SQL)
-        publish = _embedded_publish(core)
+        check, publish = _embedded_publish(core)
         best = float("inf")
         for _ in range(runs):
             started = time.perf_counter()
-            checked = core.messages(Message.parse_many(items), scoped=False)
-            publish(checked)
+            publish(check(items))
             best = min(best, time.perf_counter() - started)
         q.close()
     print(f"{best * 1e3:.2f} us/msg (least of {runs} runs of 1,000)")
 
 
-def _embedded_publish(core: Any) -> Any:
-    """The core's publish as the embedded backend calls it (versions before bound rows had no
-    such argument: their plan is the same for every backend)."""
-    if "bind_rows" in inspect.signature(core.publish).parameters:
-        return lambda checked: core.publish(checked, tenants_on=False, bind_rows=True)
-    return lambda checked: core.publish(checked, tenants_on=False)
+def _embedded_publish(core: Any) -> tuple[Any, Any]:
+    """(the check of the items, the plan of their publish) as the embedded backend makes them:
+    this version's functions of `_protocol.messages` and `_protocol.publish`, or an older
+    version's methods of the core (versions before bound rows had no such argument: their plan
+    is the same for every backend)."""
+    try:
+        from rqlite_queue._protocol import messages, publish
+    except ImportError:
+        from rqlite_queue._protocol.params import Message  # type: ignore[attr-defined]
+
+        def check(items: Any) -> Any:
+            return core.messages(Message.parse_many(items), scoped=False)
+
+        if "bind_rows" in inspect.signature(core.publish).parameters:
+            return check, lambda checked: core.publish(checked, tenants_on=False, bind_rows=True)
+        return check, lambda checked: core.publish(checked, tenants_on=False)
+
+    def checked(items: Any) -> Any:
+        return messages.checked(core, messages.Message.parse_many(items), scoped=False)
+
+    return checked, lambda rows: publish.plan(core, rows, tenants_on=False, bind_rows=True)
 
 
 if __name__ == "__main__":

@@ -48,9 +48,10 @@ from systems import (
 from workloads import QUEUE, make_core
 
 from rqlite_queue import Lease
+from rqlite_queue._protocol import round_spec, rounds, schema
 from rqlite_queue._protocol.http import parse_reply, request_for
-from rqlite_queue._protocol.params import RoundSpec
 from rqlite_queue._protocol.plan import Plan, Reply
+from rqlite_queue._protocol.round_spec import RoundSpec
 from rqlite_queue.testing import Cluster
 from rqlite_queue.types import Round
 
@@ -117,9 +118,10 @@ class RoundLoop:
 
     def plan(self, n: int, ack: list[Lease]) -> Plan[Round]:
         spec = RoundSpec(worker_id="w", visibility=VISIBILITY, n=n, ack=ack)
-        plan = self.core.round(self.core.check_round(spec))
+        plan = rounds.plan(self.core, round_spec.check(self.core, spec))
         # As the transport sends it: with the schema fence at its end.
-        plan = dataclasses.replace(plan, batch=self.core.fenced(plan.batch))
+        fenced = plan.batch.last(*schema.fence(self.core.names, plan.batch.write))
+        plan = dataclasses.replace(plan, batch=fenced)
         kept = [
             k
             for k, s in enumerate(plan.batch.statements)

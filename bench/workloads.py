@@ -59,10 +59,13 @@ from systems import (
 )
 
 from rqlite_queue import AsyncTransport, Transport
+from rqlite_queue._protocol import messages, round_spec, rounds, schema
+from rqlite_queue._protocol import publish as publishing
 from rqlite_queue._protocol.core import QueueCore
 from rqlite_queue._protocol.http import parse_reply, request_for
-from rqlite_queue._protocol.params import Message, RoundSpec
+from rqlite_queue._protocol.messages import Message
 from rqlite_queue._protocol.plan import Reply
+from rqlite_queue._protocol.round_spec import RoundSpec
 
 QUEUE = "bench"
 
@@ -653,11 +656,12 @@ class _Timer:
 
 def _fenced(core: QueueCore, plan: Any) -> Any:
     """The plan as the transport sends it: with the schema fence at its end."""
-    return dataclasses.replace(plan, batch=core.fenced(plan.batch))
+    return dataclasses.replace(plan, batch=plan.batch.last(*schema.fence(core.names, True)))
 
 
 def _round(core: QueueCore, **spec: Any) -> Any:
-    return _fenced(core, core.round(core.check_round(RoundSpec(worker_id="t", **spec))))
+    checked = round_spec.check(core, RoundSpec(worker_id="t", **spec))
+    return _fenced(core, rounds.plan(core, checked))
 
 
 def _time_ours(t: _Timer, core: QueueCore, i: int, many: int) -> None:
@@ -667,10 +671,13 @@ def _time_ours(t: _Timer, core: QueueCore, i: int, many: int) -> None:
     leases = t.plan("ours: Worker round, ack 1 + claim 1", plan).leases
     t.plan("ours: ack", _round(core, ack=leases))
     if i % 4 == 0:
-        t.plan("ours: probe (node-local read)", _fenced(core, core.probe(0)))
+        probe = rounds.probe(core, 0)
+        fence, slot = schema.fence(core.names, False)
+        probe = dataclasses.replace(probe, batch=probe.batch.last(fence, slot))
+        t.plan("ours: probe (node-local read)", probe)
         items = Message.parse_many(_items(100, i))
-        publish = _fenced(core, core.publish(core.messages(items, scoped=False)))
-        t.plan("ours: publish_many(100)", publish)
+        checked = messages.checked(core, items, scoped=False)
+        t.plan("ours: publish_many(100)", _fenced(core, publishing.plan(core, checked)))
         batch = t.plan(f"ours: claim_many({many})", _round(core, visibility=VISIBILITY, n=many))
         plan = _round(core, visibility=VISIBILITY, n=many, ack=batch.leases)
         again = t.plan(f"ours: Worker round, ack {many} + claim {many}", plan).leases

@@ -19,11 +19,12 @@ import pytest
 from rqlite_queue._io.sqlite import SqliteExecutor
 from rqlite_queue._io.urllib3_client import Urllib3Client
 from rqlite_queue._protocol import publish as publishing
-from rqlite_queue._protocol import schema, sql, tenants
+from rqlite_queue._protocol import rounds, schema, sql, tenants
 from rqlite_queue._protocol.http import parse_endpoints, parse_reply, request_for
 from rqlite_queue._protocol.messages import NewMessage
 from rqlite_queue._protocol.names import Names
 from rqlite_queue._protocol.plan import Batch, Result, Statement
+from rqlite_queue._protocol.round_spec import Held
 from rqlite_queue.testing import Cluster
 
 BACKLOG = 20_000
@@ -47,25 +48,25 @@ FULL_SCAN = re.compile(
     r"|g USING INDEX sqlite_autoindex_rq_\w+_groups_1$)"
 )
 TENANTS = 1_000
-NO_SETTLE = sql.Settle()
+NO_SETTLE = rounds.Settle()
 
 Execute = Callable[[Batch], list[Result]]
 
 
 def hot_batches(n: Names) -> dict[str, Batch]:
-    held = sql.Held(5, "g5", "token")
-    many = [sql.Held(i, f"g{i}", f"t{i}") for i in range(100, 132)]
+    held = Held(5, "g5", "token")
+    many = [Held(i, f"g{i}", f"t{i}") for i in range(100, 132)]
     dedup = NewMessage("g", "{}", 0, "dedup-id")
     mixed = [NewMessage(f"g{i}", "{}", i % 5, f"d{i}" if i % 2 else None) for i in range(100)]
 
     def claim(
-        count: int, floor: int = 0, settle: sql.Settle = NO_SETTLE, fair: bool = False
+        count: int, floor: int = 0, settle: rounds.Settle = NO_SETTLE, fair: bool = False
     ) -> Batch:
-        claim = sql.Claim("t", 10.0, count, floor, fair)
-        return sql.round_trip(n, now=5.0, settle=settle, claim=claim)
+        claim = rounds.Claim("t", 10.0, count, floor, fair)
+        return rounds.round_trip(n, now=5.0, settle=settle, claim=claim)
 
     def settle(**parts: Any) -> Batch:
-        return sql.round_trip(n, now=1.0, settle=sql.Settle(**parts))
+        return rounds.round_trip(n, now=1.0, settle=rounds.Settle(**parts))
 
     def publish(messages: list[NewMessage], prune: float | None = None) -> Batch:
         return publishing.publish(n, messages, now=1.0, dedup_until=2.0, prune_before=prune)
@@ -78,7 +79,8 @@ def hot_batches(n: Names) -> dict[str, Batch]:
         "claim_many, tenants on": claim(32, fair=True),
         "claim min_priority=4, tenants on": claim(1, 4, fair=True),
         "settle 32 and claim 32": claim(
-            32, settle=sql.Settle(finish=many[:16], give_back=[(many[16], 9.0)], extend=many[17:])
+            32,
+            settle=rounds.Settle(finish=many[:16], give_back=[(many[16], 9.0)], extend=many[17:]),
         ),
         "publish": publish([NewMessage("g", "{}", 0)]),
         "publish, the tripwire form": publishing.publish(
@@ -109,9 +111,9 @@ def hot_batches(n: Names) -> dict[str, Batch]:
         "extend": settle(extend=[held], extend_until=9.0),
         "dead_letter": settle(finish=[held], dead={5: "r"}),
         "dead_letter and hold": settle(finish=[held], dead={5: "r"}, hold=frozenset({5})),
-        "prune empty groups": sql.round_trip(n, now=1.0, prune=True),
-        "probe": sql.probe(n, min_priority=0, now=1.0),
-        "probe min_priority=4": sql.probe(n, min_priority=4, now=1.0),
+        "prune empty groups": rounds.round_trip(n, now=1.0, prune=True),
+        "probe": rounds.probe_batch(n, min_priority=0, now=1.0),
+        "probe min_priority=4": rounds.probe_batch(n, min_priority=4, now=1.0),
         "hold": sql.hold(n, "g5", now=1.0),
         "release": sql.release(n, "g5"),
         "requeue_dead": sql.requeue_dead(n, [1, 2], now=1.0),

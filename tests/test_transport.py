@@ -22,9 +22,10 @@ from rqlite_queue import (
     Transport,
     Unavailable,
 )
+from rqlite_queue._protocol import round_spec, rounds
 from rqlite_queue._protocol.http import parse_endpoints
-from rqlite_queue._protocol.params import RoundSpec
 from rqlite_queue._protocol.plan import Batch, Statement
+from rqlite_queue._protocol.round_spec import RoundSpec
 from rqlite_queue.errors import BackendError, SchemaError
 from rqlite_queue.testing import Cluster, Node, free_port
 
@@ -95,7 +96,8 @@ def test_rqlite_keeps_the_rows_of_the_claims_returning_form(
     q.publish_many([("a", 1), ("b", 2), ("a", 3)])
     core = q.router.backend.core
     spec = RoundSpec(worker_id="w", visibility=30, n=1)
-    assert core.round(core.check_round(spec), tenants).batch.returning  # the form under test
+    plan = rounds.plan(core, round_spec.check(core, spec), tenants)
+    assert plan.batch.returning  # the form under test
     first = q.settle_and_claim("w", 30, 1)
     assert [(lease.group_id, lease.event, lease.attempts) for lease in first.leases] == [
         ("a", 1, 1)

@@ -29,7 +29,7 @@ import pytest
 
 from rqlite_queue import InvalidArgument, Lease, LeaseLost, QueueError
 from rqlite_queue._protocol.checks import MAX_ID_BYTES, MAX_SECONDS
-from rqlite_queue._protocol.params import MAX_REASON_BYTES
+from rqlite_queue._protocol.round_spec import MAX_REASON_BYTES
 from rqlite_queue.codec import JsonCodec, RawCodec
 from rqlite_queue.errors import EncodeError, PayloadTooLarge, TransportClosed
 from rqlite_queue.testing import Cluster

@@ -66,7 +66,7 @@ from hypothesis.stateful import (
 )
 
 from rqlite_queue import Lease, LeaseLost, RqliteTransport, SqliteTransport, Transport
-from rqlite_queue._protocol.sql import RETIRE_WINDOW
+from rqlite_queue._protocol.schema import RETIRE_WINDOW
 from rqlite_queue.errors import QueueError, QueueFull, TenantMismatch
 from rqlite_queue.testing import Cluster
 

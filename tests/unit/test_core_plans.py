@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 
 from rqlite_queue import InvalidArgument, Lease, OutcomeUnknown
-from rqlite_queue._protocol import messages, schema, sql
+from rqlite_queue._protocol import messages, round_spec, rounds, schema, sql
 from rqlite_queue._protocol import publish as publishing
 from rqlite_queue._protocol.core import QueueCore
 from rqlite_queue._protocol.messages import Message
-from rqlite_queue._protocol.params import RoundSpec
 from rqlite_queue._protocol.plan import Plan
+from rqlite_queue._protocol.round_spec import RoundSpec
 from rqlite_queue.errors import EncodeError, TransportClosed
 from rqlite_queue.types import Round
 
@@ -36,7 +36,7 @@ def core(queue: str = "t", chance: float = 0.99, **options: Any) -> QueueCore:
 
 
 def round_(c: QueueCore, **spec: Any) -> Plan[Round]:
-    return c.round(c.check_round(RoundSpec(**spec)))
+    return rounds.plan(c, round_spec.check(c, RoundSpec(**spec)))
 
 
 def claim(c: QueueCore, worker: str, visibility: float, n: int, floor: int) -> Plan[Round]:
@@ -131,7 +131,7 @@ def test_one_settlement_reads_its_outcome_from_its_record_on_any_send() -> None:
     record = next(s for s in plan.batch.statements if "INSERT INTO rq_t_settled" in s.sql)
     # group, token, seq, kind (acked), as plain parameters: one settlement's statements
     assert {k: record.params[k] for k in "gtq"} == {"g": "a", "t": "w:T0", "q": 1}
-    assert record.params["kind"] == sql.ACKED
+    assert record.params["kind"] == rounds.ACKED
 
 
 def test_the_record_says_how_a_lease_was_settled() -> None:
@@ -140,7 +140,7 @@ def test_the_record_says_how_a_lease_was_settled() -> None:
     plan = round_(core(), ack=[a], dead=[(b, "why")], nack=[(c, 0)])
     record = next(s for s in plan.batch.statements if "INSERT INTO rq_t_settled" in s.sql)
     kinds = [item[3] for item in __import__("json").loads(record.params["rec"])]
-    assert kinds == [sql.ACKED, sql.DEAD_LETTERED, sql.GIVEN_BACK]
+    assert kinds == [rounds.ACKED, rounds.DEAD_LETTERED, rounds.GIVEN_BACK]
 
 
 def test_an_extension_found_gone_is_lost_on_any_send() -> None:
@@ -237,7 +237,7 @@ def every_batch(c: QueueCore) -> dict[str, sql.Batch]:
             hold_dead=True,
         ).batch,
         "claim floor 1": claim(c, "w", 30, 64, 1).batch,
-        "probe": c.probe(1).batch,
+        "probe": rounds.probe(c, 1).batch,
         "stats": c.stats().batch,
         "requeue": c.requeue_dead([1, 2, 3]).batch,
         "hold": c.hold("g").batch,

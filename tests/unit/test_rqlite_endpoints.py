@@ -9,13 +9,13 @@ import itertools
 from typing import Any
 
 from rqlite_queue import Lease
-from rqlite_queue._protocol import messages
+from rqlite_queue._protocol import messages, round_spec, rounds
 from rqlite_queue._protocol import publish as publishing
 from rqlite_queue._protocol.core import QueueCore
 from rqlite_queue._protocol.http import request_for
 from rqlite_queue._protocol.messages import Message
-from rqlite_queue._protocol.params import RoundSpec
 from rqlite_queue._protocol.plan import Batch, Plan, Statement
+from rqlite_queue._protocol.round_spec import RoundSpec
 
 NOW = 1_800_000_000.0
 EXECUTE = "/db/execute?transaction"
@@ -35,7 +35,7 @@ def lease(seq: int, group: str) -> Lease:
 
 def round_(**spec: Any) -> Plan[Any]:
     c = core()
-    return c.round(c.check_round(RoundSpec(**spec)))
+    return rounds.plan(c, round_spec.check(c, RoundSpec(**spec)))
 
 
 def test_a_single_settlement_goes_to_execute() -> None:

@@ -3,9 +3,10 @@ plans and keeps the state that belongs to that cluster, and the router of a queu
 one cluster. This file is the source; `_sync/cluster.py` is generated from it.
 
 A Worker's round passes through here: `AsyncTransport.settle_and_claim` (queue.py) gives the
-checked round to `AsyncClusterRouter.round`, whose backend builds the plan (`core.round` ->
-`sql.round_trips`) and sends its batch through the executor (`rqlite_client.py` over HTTP, or
-`_io/sqlite.py`); the plan reads the reply."""
+checked round to `AsyncClusterRouter.round`, whose backend runs the round's steps
+(`rounds.steps`: the plan of the round, and the probe before it or the claim after it where
+the protocol says so), sending each batch through the executor (`rqlite_client.py` over HTTP,
+or `_io/sqlite.py`); each plan reads its reply."""
 
 from __future__ import annotations
 
@@ -15,13 +16,13 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
-from .._protocol import publish, refusals, schema
+from .._protocol import publish, refusals, rounds, schema
 from .._protocol.core import QueueCore
 from .._protocol.http import STATUS_TIMEOUT, applied_index, parse_nodes
 from .._protocol.messages import MAX_PUBLISH, NewMessage
-from .._protocol.params import CheckedRound, RoundSpec
-from .._protocol.plan import Batch, Plan, Reply, Result, Statement, Steps
+from .._protocol.plan import Batch, Known, Plan, Reply, Result, Statement, Steps
 from .._protocol.retry import FAILOVER, MIN_ATTEMPT, Retry
+from .._protocol.round_spec import CheckedRound
 from .._protocol.tenants import TenantsTurnedOn
 from .._runtime import LOCAL_PUBLISHES, AsyncFanOut, Awaitable
 from ..errors import (
@@ -79,18 +80,15 @@ class AsyncBackend:
         self.schema_checked = False
         self.resent = 0
         """Batches sent again after an unknown outcome (for tests and metrics)."""
-        self._idle: dict[int, bool] = {}
         self._closed = False
-        self.fair = False
-        """Whether this cluster's queue has tenants on (claims then share by weight): learnt
-        from claims' and probes' replies, and from calls that turn them on."""
-
-    def _learn(self, tenants_on: bool) -> None:
-        self.fair = tenants_on
+        self.known = Known()
+        """What this client has learnt of the cluster's queue: whether its tenants are on
+        (from claims' and probes' replies, and from calls that turn them on), and which claim
+        floors last found it empty."""
 
     async def setup(self, deadline: float) -> None:
         """Create the queue's tables if missing, or upgrade them, and check their version."""
-        await self._drive(schema.setup(self.core, self._learn), self._send, deadline)
+        await self._drive(schema.setup(self.core, self.known.learn), self._sent, deadline)
         self.schema_checked = True
 
     async def _drive(
@@ -133,16 +131,11 @@ class AsyncBackend:
         if plan.lease_for is not None:
             self.core.check_skew(self.skew(), plan.lease_for)
         try:
-            try:
-                result = await self._send(plan, deadline)
-            except OutcomeUnknown:
-                if not plan.resend_safe:
-                    raise
-                result = await self._resend(plan, deadline)
+            result = await self._sent(plan, deadline)
         except BackendError as exc:
             refused = refusals.refined(self.core, exc)
             if isinstance(refused, TenantsTurnedOn):
-                self.fair = True
+                self.known.tenants_on = True
             alternative = None if plan.instead is None else plan.instead(refused)
             if alternative is None:
                 if refused is exc:
@@ -150,8 +143,17 @@ class AsyncBackend:
                 raise refused from None
             return await self._run(alternative, deadline)
         if plan.tenants_on:
-            self.fair = True
+            self.known.tenants_on = True
         return result
+
+    async def _sent(self, plan: Plan[T], deadline: float) -> T:
+        """`plan` sent, and after a lost reply sent again if the plan says that is safe."""
+        try:
+            return await self._send(plan, deadline)
+        except OutcomeUnknown:
+            if not plan.resend_safe:
+                raise
+            return await self._resend(plan, deadline)
 
     async def _send(self, plan: Plan[T], deadline: float) -> T:
         if not plan.batch.statements:
@@ -176,7 +178,8 @@ class AsyncBackend:
 
     async def _resend(self, plan: Plan[T], deadline: float) -> T:
         """Send a retry-safe batch again after an unknown outcome, until `deadline`."""
-        batch = self._fenced(plan.batch if plan.resend is None else plan.resend())
+        batch = plan.batch if plan.resend is None else plan.resend()
+        batch = self._fenced(batch) if self.schema_checked else batch
         read = plan.read if plan.read_resent is None else plan.read_resent
         retry = Retry(FAILOVER, deadline, random.random)
         while True:
@@ -208,44 +211,13 @@ class AsyncBackend:
         probe_when_idle: bool,
         guard: Callable[[Plan[Round]], Plan[Round]] | None = None,
     ) -> Round:
-        """Settle and claim. `probe_when_idle`: a claim without settlements after one that
-        found nothing first asks with a read (no Raft write) whether anything is claimable.
-        `guard`: what the round's plan must pass (a sharded queue's epoch check).
-        Leases taken on messages whose ttl had passed are never handed out: they are
-        dead-lettered (reason `expired`), and as many leases claimed again in the same call
-        (if that fails, they lapse, and the next claim expires them)."""
-        floor = checked.min_priority
-        asks_first = probe_when_idle and not checked.settlements and self._idle.get(floor)
-        if asks_first and not await self._worth_claiming(floor, deadline):
-            return Round()
-        plan = self.core.round(checked, self.fair, self._learn)
-        result = await self.run(guard(plan) if guard is not None else plan, deadline)
-        leases, expired = list(result.leases), result.expired
-        while expired:
-            spec = RoundSpec(
-                worker_id=checked.worker_id,
-                visibility=checked.visibility,
-                n=len(expired),
-                min_priority=floor,
-                expired=expired,
-            )
-            try:
-                more = await self.run(
-                    self.core.round(self.core.check_round(spec), self.fair, self._learn), deadline
-                )
-            except (Unavailable, OutcomeUnknown):
-                break
-            leases += more.leases
-            expired = more.expired
-        if probe_when_idle and not checked.settlements:
-            self._idle[floor] = not leases
-        return Round(leases=leases, lost=result.lost, extended=result.extended)
-
-    async def _worth_claiming(self, min_priority: int, deadline: float) -> bool:
-        probe = await self.run(self.core.probe(min_priority, self._learn), deadline)
-        return probe.claimable or (
-            probe.next_due is not None and probe.next_due <= self.core.clock()
+        """Settle and claim (`rounds.steps`: `probe_when_idle`, a claim alone after one that
+        found nothing asks with a read first; `guard`, what the round's plan must pass: a
+        sharded queue's epoch check)."""
+        steps = rounds.steps(
+            self.core, checked, self.known, probe_when_idle=probe_when_idle, guard=guard
         )
+        return await self._drive(steps, self.run, deadline)
 
     def run_in(self, connection: object, plan: Plan[T]) -> T:
         """Run `plan` on the caller's own connection to the embedded file, in its open
@@ -372,7 +344,7 @@ class AsyncClusterRouter:
         self, messages: Sequence[NewMessage], deadline: float, *, bounded: bool = True
     ) -> list[int]:
         backend = self.backend
-        tenants_on = backend.fair if bounded else None
+        tenants_on = backend.known.tenants_on if bounded else None
         return await backend.run(
             publish.plan(
                 backend.core, messages, tenants_on=tenants_on, bind_rows=backend.binds_rows

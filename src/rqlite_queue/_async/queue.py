@@ -17,18 +17,18 @@ from typing import Any, TypeVar
 from .. import _tracing
 from .._io.aiohttp_client import AiohttpClient
 from .._io.sqlite import AsyncSqliteExecutor
-from .._protocol import messages, publish, sharding, tenants
+from .._protocol import messages, publish, round_spec, rounds, sharding, tenants
 from .._protocol.checks import check_id, check_int, check_seconds, show
 from .._protocol.core import (
     DEFAULT_DEDUP_WINDOW,
     DEFAULT_MAX_PAYLOAD_BYTES,
     DEFAULT_MAX_SKEW,
     QueueCore,
-    lease_lost,
 )
 from .._protocol.http import parse_endpoints, redact, unknown_scheme
 from .._protocol.messages import GivenMessage, Message
-from .._protocol.params import RoundSpec, ScheduleSpec
+from .._protocol.params import ScheduleSpec
+from .._protocol.round_spec import RoundSpec, lease_lost
 from .._protocol.sharding import ShardList, ShardSpec, check_shard_name, parse_shard_list
 from ..codec import Codec
 from ..errors import InvalidArgument, NothingListens, OutcomeUnknown, Unavailable
@@ -305,7 +305,7 @@ class AsyncTransport:
         and only writes when something is claimable."""
         check_int(n, "n", 1, MAX_BATCH)
         spec = RoundSpec(worker_id=worker_id, visibility=visibility, n=n, min_priority=min_priority)
-        checked = self._core.check_round(spec)
+        checked = round_spec.check(self._core, spec)
         result = await self.router.round(checked, self._by(), probe_when_idle=True)
         return result.leases
 
@@ -313,7 +313,7 @@ class AsyncTransport:
         """A look without a Raft round (a read of the leader's copy, no write): is a group
         claimable now, when does the earliest lease, park or delayed head end, when is the next
         schedule due?"""
-        plan = self._core.probe(min_priority)
+        plan = rounds.probe(self._core, min_priority)
         return await self.router.gather(plan, self._by(), sharding.probe_of, workers=True)
 
     async def settle_and_claim(
@@ -350,12 +350,12 @@ class AsyncTransport:
             hold_dead=hold_dead,
             publish=publish,
         )
-        checked = self._core.check_round(spec, scoped=self.router.scoped_dedup)
+        checked = round_spec.check(self._core, spec, scoped=self.router.scoped_dedup)
         return await self.router.round(checked, self._by(), probe_when_idle=False)
 
     async def _settle(self, what: str, spec: RoundSpec) -> Round:
         """Settlements alone, fenced: `LeaseLost` lists the leases that no longer held."""
-        checked = self._core.check_round(spec, scoped=self.router.scoped_dedup)
+        checked = round_spec.check(self._core, spec, scoped=self.router.scoped_dedup)
         result = await self.router.settle(checked, self._by(), what)
         if result.lost:
             raise lease_lost(result.lost, what)

@@ -17,8 +17,8 @@ from typing import TypeVar
 from .._protocol import publish
 from .._protocol.core import QueueCore
 from .._protocol.messages import NewMessage
-from .._protocol.params import CheckedRound, Settlement
 from .._protocol.plan import Plan, Statement
+from .._protocol.round_spec import CheckedRound, Settlement
 from .._protocol.sharding import (
     ShardList,
     finished_on,
@@ -145,7 +145,7 @@ class AsyncShardRouter:
 
         async def part(name: str, backend: AsyncBackend) -> list[int] | QueueFull:
             held = sorted({messages[i].group_id for i in parts[name]} & waiting)
-            tenants_on = backend.fair if bounded else None
+            tenants_on = backend.known.tenants_on if bounded else None
             mine = publish.plan(
                 self.core,
                 [messages[i] for i in parts[name]],

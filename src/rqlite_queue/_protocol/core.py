@@ -18,8 +18,6 @@ from ..errors import (
     DecodeError,
     EncodeError,
     InvalidArgument,
-    LeaseLost,
-    OutcomeUnknown,
     PayloadTooLarge,
     QueueError,
     TransportClosed,
@@ -31,13 +29,10 @@ from ..types import (
     DeadLetter,
     GroupInfo,
     Headers,
-    Lease,
-    Probe,
-    Round,
     Schedule,
     Stats,
 )
-from . import messages, sql
+from . import sql
 from .cadence import missed
 from .checks import (
     check_id,
@@ -46,17 +41,9 @@ from .checks import (
     show,
 )
 from .names import Names
-from .params import (
-    EXTEND,
-    FINISH,
-    GIVE_BACK,
-    CheckedRound,
-    RoundSpec,
-    ScheduleSpec,
-    Settlement,
-    check_reason,
-)
+from .params import ScheduleSpec
 from .plan import NOTHING, Plan, Reply, nothing
+from .round_spec import check_reason
 
 T = TypeVar("T")
 
@@ -179,123 +166,6 @@ class QueueCore:
             )
         return text
 
-    # ------------------------------------------------------------- settle, then claim
-
-    def check_round(self, spec: RoundSpec, *, scoped: bool = False) -> CheckedRound:
-        """Every argument of a round, checked once, before anything is sent anywhere.
-        `scoped`: the follow-ups' dedup ids are scoped to their group (a sharded queue's)."""
-        checked = spec.checked(lambda given: messages.follow_ups(self, given, scoped=scoped))
-        self.now()
-        return checked
-
-    def round(
-        self,
-        checked: CheckedRound,
-        fair: bool = False,
-        learn: Callable[[bool], None] | None = None,
-    ) -> Plan[Round]:
-        """Settle leases and claim up to `n` new ones, in one transaction (see `sql.round_trip`).
-
-        Resending after an unknown outcome is safe, and its outcome exact: the claim returns
-        what the first send took (same token); a settlement that an earlier send applied finds
-        its record (`sql.Settle`, table `settled`) and is not reported lost; one whose lease
-        went to another holder is; an extension never releases its lease, so one found gone
-        was taken over. `fair`: the claim shares between tenants by weight (their cluster has
-        them on); `learn` is told whether it has, when the claim's rows say."""
-        now = self.now()
-        settling = [s for s in checked.settlements if not s.repeat]
-        extends = [s for s in settling if s.kind == EXTEND]
-        until = now + checked.visibility
-        token = f"{checked.worker_id}:{self.token()}" if checked.n else ""
-        claim = (
-            sql.Claim(token, until, checked.n, checked.min_priority, fair) if checked.n else None
-        )
-        by_held = {id(s.held): s for s in settling}
-        finish = [s for s in settling if s.kind == FINISH]
-        settle = sql.Settle(
-            finish=[s.held for s in finish],
-            dead={s.held.seq: s.reason for s in finish if s.reason is not None},
-            hold=frozenset(
-                s.held.seq for s in finish if s.reason is not None and checked.hold_dead
-            ),
-            give_back=[
-                (s.held, now + s.delay if s.delay > 0 else 0.0)
-                for s in settling
-                if s.kind == GIVE_BACK
-            ],
-            extend=[s.held for s in extends],
-            extend_until=until,
-            expired=sum(s.expired for s in settling),
-            follow_ups=[(s.held, m) for s in finish for m in s.follow_ups],
-            outboxed=[(s.held, m) for s in finish for m in s.outboxed],
-            dedup_until=now + self.dedup_window,
-        )
-        prune = bool(settle.finish) and self.chance() < PRUNE_CHANCE
-        batch, resend = sql.round_trips(
-            self.names, now=now, settle=settle, claim=claim, prune=prune
-        )
-        repeats = [s for s in checked.settlements if s.repeat]
-
-        def read(reply: Reply) -> Round:
-            if sql.returned_nothing(reply):
-                # rqlite ran the claim but kept none of its RETURNING rows (its SQL parser did
-                # not take the statement): the resend form reads what the token took.
-                raise OutcomeUnknown("rqlite dropped the rows of a claim's RETURNING")
-            _tell(learn, reply)
-            lost_settlements = [by_held[id(h)] for h in sql.read_lost(reply, settle)]
-            lost = [s.lease for s in sorted([*lost_settlements, *repeats], key=_by_index)]
-            lost_ids = {id(s) for s in lost_settlements}
-            leases: list[Lease] = []
-            expired: list[Lease] = []
-            read_at = self.clock()
-            for r in sql.read_leased(reply):
-                lease = Lease(
-                    r.seq,
-                    r.group_id,
-                    self.decode(r.event),
-                    token,
-                    r.attempts,
-                    r.expires_at,
-                    headers=Headers.stored(r.headers),
-                )
-                gone = r.message_expires is not None and r.message_expires <= read_at
-                (expired if gone else leases).append(lease)
-            return Round(
-                leases=leases,
-                expired=expired,
-                lost=lost,
-                extended=[
-                    dataclasses.replace(s.lease, expires_at=until)
-                    for s in extends
-                    if id(s) not in lost_ids
-                ],
-            )
-
-        from .tenants import TenantsTurnedOn
-
-        def instead(error: QueueError) -> Plan[Round] | None:
-            # Another client turned tenants on since this one last looked: nothing was
-            # written; the same round again, sharing by weight within the tenants' limits.
-            if isinstance(error, TenantsTurnedOn) and not fair:
-                return self.round(checked, True, learn)
-            return None
-
-        lease_for = checked.visibility if checked.n or extends else None
-        named = any(m.tenant is not None for _, m in settle.follow_ups)
-        return Plan(
-            batch,
-            read,
-            resend_safe=True,
-            resend=lambda: resend,
-            lease_for=lease_for,
-            tenants_on=named,
-            instead=instead,
-        )
-
-    def round_of(self, spec: RoundSpec) -> Plan[Round]:
-        """`round(check_round(spec))`: the plan of a round on one cluster."""
-        return self.round(self.check_round(spec))
-
     def decode(self, text: str) -> Any:
         try:
             return self.codec.decode(text)
@@ -303,15 +173,6 @@ class QueueCore:
             raise
         except Exception as exc:  # a codec's own bug
             raise DecodeError(f"the codec could not decode a stored payload: {show(exc)}") from exc
-
-    def probe(self, min_priority: int, learn: Callable[[bool], None] | None = None) -> Plan[Probe]:
-        check_int(min_priority, "min_priority", 0, MAX_PRIORITY)
-
-        def read(reply: Reply) -> Probe:
-            _tell(learn, reply)
-            return Probe(*sql.read_probe(reply))
-
-        return Plan(sql.probe(self.names, min_priority=min_priority, now=self.now()), read)
 
     # ------------------------------------------------------------------ holds
 
@@ -621,19 +482,6 @@ def check_seqs(seqs: Sequence[int] | None) -> list[int] | None:
     return seqs
 
 
-def lease_lost(leases: Sequence[Lease], call: str) -> LeaseLost:
-    """The `LeaseLost` of a call whose settlements of these leases no longer held."""
-    which = ", ".join(f"{show(lease.group_id)}#{lease.seq}" for lease in leases[:10])
-    if len(leases) > 10:
-        which += f" and {len(leases) - 10} more"
-    return LeaseLost(
-        f"{call}: lease no longer holds its group ({which}): it lapsed and was claimed by "
-        f"another worker, or was already acked, nacked or dead-lettered, or its group was "
-        f"cancelled",
-        leases,
-    )
-
-
 def _prefix_end(prefix: str) -> str | None:
     """The least text above every text that starts with `prefix` (SQLite compares text as
     UTF-8 bytes, i.e. by code point): its last code point raised by one (None: no bound)."""
@@ -645,14 +493,3 @@ def _prefix_end(prefix: str) -> str | None:
             return prefix[:-1] + chr(last)
         prefix = prefix[:-1]
     return None
-
-
-def _by_index(settlement: Settlement) -> int:
-    return settlement.index
-
-
-def _tell(learn: Callable[[bool], None] | None, reply: Reply) -> None:
-    """Tell `learn` whether the queue's tenants are on, if the reply's rows say."""
-    tenants_on = sql.read_tenants_on(reply)
-    if learn is not None and tenants_on is not None:
-        learn(tenants_on)

@@ -169,6 +169,20 @@ class Plan(Generic[T]):
         return Plan(NOTHING, lambda reply: value)
 
 
+@dataclass(slots=True)
+class Known:
+    """What this client has learnt of one cluster's queue (its backend keeps one; plans read
+    it, and the replies that say more update it): whether its tenants are on (claims then
+    share by weight, publishes check the tenants' bounds), and which claim floors last found
+    nothing (the next claim on one first asks with a read)."""
+
+    tenants_on: bool = False
+    idle: dict[int, bool] = field(default_factory=dict)
+
+    def learn(self, tenants_on: bool) -> None:
+        self.tenants_on = tenants_on
+
+
 NOTHING = Batch(())
 """An empty batch: the backend sends nothing and reads an empty reply."""
 

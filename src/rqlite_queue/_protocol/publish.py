@@ -32,9 +32,6 @@ if TYPE_CHECKING:  # (until core.py holds only the configuration)
 PRUNE_CHANCE = 1 / 16
 """Pruning forgotten rows on a sixteenth of the calls that could leave some keeps the tables
 small at a sixteenth of the cost (every statement costs rqlite a parse on each node)."""
-RETIRE_WINDOW = 300.0
-"""How long the row of a group that emptied is kept (its place in the round robin), and how
-long claim tokens and settlement records are remembered."""
 BOUND_ROWS = 4000
 """Most messages `_bound` inserts at once: at 6 parameters a row, under SQLite's default
 limit of 32,766 parameters per statement."""

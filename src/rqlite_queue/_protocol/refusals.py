@@ -7,7 +7,7 @@ then the plan what to do instead (`Plan.instead`)."""
 from __future__ import annotations
 
 from ..errors import QueueError, QueueFull, TenantMismatch
-from . import publish, sql
+from . import publish, rounds
 from .core import QueueCore
 from .schema import FENCE_ERROR, SchemaChanged, changed
 from .tenants import TenantsTurnedOn
@@ -22,7 +22,7 @@ def refined(core: QueueCore, error: QueueError) -> QueueError:
     if publish.QUEUE_FULL_ERROR.format(tenants=n.tenants) in text:
         return QueueFull(publish.FULL)
     if (
-        sql.TENANTS_ON_ERROR.format(claims=n.claims) in text
+        rounds.TENANTS_ON_ERROR.format(claims=n.claims) in text
         or publish.TENANTS_ON_ERROR.format(messages=n.messages) in text
     ):
         return TenantsTurnedOn(text)

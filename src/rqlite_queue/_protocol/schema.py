@@ -58,6 +58,9 @@ if TYPE_CHECKING:  # (until core.py holds only the configuration)
     from .core import QueueCore
 
 SCHEMA_VERSION = 6
+RETIRE_WINDOW = 300.0
+"""How long the row of a group that emptied is kept (its place in the round robin), and how
+long claim tokens and settlement records are remembered."""
 UPGRADE_ATTEMPTS = 5
 
 _MESSAGES = Sql(

@@ -32,8 +32,8 @@ from ..types import (
 from .checks import show
 from .http import unknown_scheme
 from .messages import NewMessage, scoped_dedup_id
-from .params import FINISH, CheckedRound, Settlement
 from .retry import PROBE
+from .round_spec import FINISH, CheckedRound, Settlement
 from .sql import OutboxRow
 
 T = TypeVar("T")
