@@ -15,7 +15,18 @@ rotated between repetitions; cells are medians [min-max] over the repetitions. W
 bench/results/statement_cost.md. With `--pprof S`, also takes an S-second CPU profile of the
 leader (rqlited's /debug/pprof) while the round loop (`--pprof-single`: the claim() + ack()
 loop) runs, and writes it with, when `go` is on the PATH, its `go tool pprof -top -cum` text
-beside it. The single calls' rows are per pair (two requests)."""
+beside it. The single calls' rows are per pair (two requests).
+
+Also the variants of a statement for what a queue does not use, side by side with the general
+statement they stand in for (issue 31): a publish of a client that knows tenants off (its
+groups' rows without the tenant separator's lookup, without a WITH: on `/db/execute`) against
+the same publish with the general group upsert (what the library sent before, on
+`/db/request`), and the probe of such a client against the general probe (the tenants'
+allowances and next tokens): rqlited CPU per request, as above. And, in-process, what SQLite
+takes to compile each variant and its general form (`--compile`: microseconds per prepare,
+the least of `--compile-runs` runs of 200 prepares on a connection that caches none; the
+embedded backend compiles every statement once per send, and rqlite once per node and
+more)."""
 
 from __future__ import annotations
 
@@ -48,9 +59,9 @@ from systems import (
 from workloads import QUEUE, make_core
 
 from rqlite_queue import Lease
-from rqlite_queue._protocol import round_spec, rounds, schema
+from rqlite_queue._protocol import messages, names, publish, round_spec, rounds, schema
 from rqlite_queue._protocol.http import parse_reply, request_for
-from rqlite_queue._protocol.plan import Plan, Reply
+from rqlite_queue._protocol.plan import Batch, Plan, Reply
 from rqlite_queue._protocol.round_spec import RoundSpec
 from rqlite_queue.testing import Cluster
 from rqlite_queue.types import Round
@@ -161,6 +172,122 @@ class RoundLoop:
         return replies, wall, *sizes
 
 
+class BatchLoop:
+    """One batch a step, made anew each time (`make`), fenced as the transport sends it."""
+
+    def __init__(self, make: Callable[[], Batch]) -> None:
+        self.make = make
+        self.leases: list[Lease] = []
+
+    def step(self, sender: Sender) -> tuple[list[dict[str, Any]], float, int, int]:
+        batch = self.make()
+        batch = batch.last(*schema.fence(make_core().names, batch.write))
+        request = request_for(batch)
+        reply, wall = sender.send(request.body, request.path)
+        return [reply], wall, request.statements, len(request.body)
+
+
+def _publish_one(general: bool) -> Callable[[], Batch]:
+    """A publish of one message by a client that knows tenants off: the tripwire form, or
+    (`general`) the same with the general group upsert in place of its variant."""
+    core = make_core()
+    counter = iter(range(10**9))
+
+    def make() -> Batch:
+        checked = messages.checked(core, [(f"p{next(counter) % 500}", 1)], scoped=False)
+        batch = publish.plan(core, checked, tenants_on=False).batch
+        if not general:
+            return batch
+        rows = publish._items_rows(publish.ALWAYS, False)
+        upsert = publish.upsert_groups(rows, tenants=True, delays=True)(core.names)
+        last = len(batch.statements) - 1
+        statements = (
+            *batch.statements[:last],
+            dataclasses.replace(batch.statements[last], sql=upsert),
+        )
+        return Batch(statements, batch.write, batch.local, batch.slots, batch.returning, True)
+
+    return make
+
+
+def _probe(tenants: bool) -> Callable[[], Batch]:
+    core = make_core()
+    return lambda: rounds.probe(core, 0, tenants=tenants).batch
+
+
+VARIANTS: dict[str, Callable[[], Callable[[], Batch]]] = {
+    "publish 1, tenants known off: the variant (no tenant lookup, no WITH: /db/execute)": (
+        lambda: _publish_one(False)
+    ),
+    "publish 1, tenants known off: the general upsert (as before: /db/request)": (
+        lambda: _publish_one(True)
+    ),
+    "probe, tenants known off: the variant": lambda: _probe(False),
+    "probe, the general form (allowances, next tokens)": lambda: _probe(True),
+}
+
+
+def compile_costs(runs: int) -> str:
+    """What SQLite takes to compile each variant and its general form (see the top)."""
+    import sqlite3
+    import tempfile
+
+    from rqlite_queue._protocol import schema as schema_module
+
+    n = names.Names.of(QUEUE)
+    rows = publish._items_rows(publish.ALWAYS, False)
+    pairs = {
+        "a publish's group upsert": (
+            publish.upsert_groups(rows, tenants=False, delays=False),
+            publish.upsert_groups(rows, tenants=True, delays=True),
+            "tenants known off, heads due at once",
+        ),
+        "a publish's group upsert, heads due at once": (
+            publish.upsert_groups(rows, tenants=True, delays=False),
+            publish.upsert_groups(rows, tenants=True, delays=True),
+            "with the tenant lookup",
+        ),
+        "the probe": (rounds._probe(False, False), rounds._probe(False, True), "tenants off"),
+        "an ack's freed group": (
+            rounds._finished_one(False),
+            rounds._finished_one(True),
+            "no hold",
+        ),
+    }
+    lines = [
+        "| statement | variant | variant us | general us | variant / general |",
+        "|---|---|---|---|---|",
+    ]
+    with tempfile.TemporaryDirectory() as tmp:
+        conn = sqlite3.connect(f"{tmp}/q.db", cached_statements=0)
+        for statement in [
+            *schema_module.bootstrap_batch(n).statements,
+            *schema_module.create(n).statements,
+        ]:
+            conn.execute(statement.sql, statement.params)
+        for what, (variant, general, which) in pairs.items():
+            costs = []
+            for sql in (variant(n), general(n)):
+                best = float("inf")
+                for _ in range(runs):
+                    started = time.perf_counter()
+                    for _ in range(200):
+                        conn.execute("EXPLAIN " + sql, _params(sql)).fetchone()
+                    best = min(best, (time.perf_counter() - started) / 200)
+                costs.append(best * 1e6)
+            ratio = costs[0] / costs[1]
+            lines.append(f"| {what} | {which} | {costs[0]:.1f} | {costs[1]:.1f} | {ratio:.2f} |")
+        conn.close()
+    return "\n".join(lines) + "\n"
+
+
+def _params(sql: str) -> dict[str, Any]:
+    """NULL for every named parameter of `sql` (EXPLAIN compiles it; nothing runs)."""
+    import re
+
+    return {name: None for name in re.findall(r":(\w+)", sql)}
+
+
 def _fixed(statements: int, pad: int = 0) -> Callable[[], tuple[bytes, int]]:
     """`statements` trivial UPDATEs, each padded with an SQL comment of `pad` bytes."""
     comment = f" /*{'x' * pad}*/" if pad else ""
@@ -175,7 +302,11 @@ ROUND_PAD = 220
 def run_variant(sender: Sender, pids: list[int], name: str, n: int, sample: Sample) -> None:
     single = name.startswith("claim() + ack()")
     ack_path = WRITE_PATH if single and "/db/request" in name else None
-    loop = RoundLoop(DROPS.get(name.removeprefix("Worker round without ")), single, ack_path)
+    loop: RoundLoop | BatchLoop = (
+        BatchLoop(VARIANTS[name]())
+        if name in VARIANTS
+        else RoundLoop(DROPS.get(name.removeprefix("Worker round without ")), single, ack_path)
+    )
     pad = ROUND_PAD if "padded" in name else 0
     fixed = _fixed(7 if "7" in name else 1, pad) if name.startswith("bare") else None
     walls, servers, sqls = [], [], []
@@ -195,7 +326,7 @@ def run_variant(sender: Sender, pids: list[int], name: str, n: int, sample: Samp
     sample.wall.append(statistics.median(walls))
     sample.server.append(statistics.median(servers))
     sample.sql.append(statistics.median(sqls))
-    if loop.leases:  # give the last lease back done
+    if isinstance(loop, RoundLoop) and loop.leases:  # give the last lease back done
         last = request_for(loop.plan(0, loop.leases).batch)
         sender.send(last.body, last.path)
 
@@ -270,15 +401,25 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--pprof-single", action="store_true", help="profile claim() + ack(), not the round"
     )
+    parser.add_argument("--compile", action="store_true", help="also SQLite's compile costs")
+    parser.add_argument("--compile-runs", type=int, default=20)
+    parser.add_argument("--only-variants", action="store_true", help="the variants' rows only")
     args = parser.parse_args(argv)
     names = [
         "bare write, 1 UPDATE",
-        "bare write, 7 UPDATEs",
-        "bare write, 7 UPDATEs padded to the round's size",
-        "Worker round, ack 1 + claim 1",
-        *(f"Worker round without {d}" for d in DROPS),
-        "claim() + ack(), as the library sends them",
-        "claim() + ack(), the ack on /db/request",
+        *(
+            []
+            if args.only_variants
+            else [
+                "bare write, 7 UPDATEs",
+                "bare write, 7 UPDATEs padded to the round's size",
+                "Worker round, ack 1 + claim 1",
+                *(f"Worker round without {d}" for d in DROPS),
+                "claim() + ack(), as the library sends them",
+                "claim() + ack(), the ack on /db/request",
+            ]
+        ),
+        *VARIANTS,
     ]
     samples = {name: Sample() for name in names}
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
@@ -301,6 +442,12 @@ def main(argv: list[str]) -> int:
             profile_leader(url, args.pprof, args.pprof_single)
         admin.close()
     text = report(samples, args, when)
+    if args.compile:
+        text += (
+            "\nSQLite's compile of each variant and of the general statement it stands in for "
+            f"(`--compile`, the least of {args.compile_runs} runs of 200 prepares):\n\n"
+            + compile_costs(args.compile_runs)
+        )
     print(text)
     RESULTS.write_text(text)
     return 0

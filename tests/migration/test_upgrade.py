@@ -275,10 +275,10 @@ def test_a_v4_queue_with_tenants_on_keeps_them_and_takes_limits(
     assert found.rows == [["*"]]
     q.set_tenant("acme", max_in_flight=1)
     q.set_tenant("", max_in_flight=1)
-    q.router.backend.fair = False  # type: ignore[attr-defined]
+    q.router.backend.known.tenants_on = False  # type: ignore[attr-defined]
     leases = q.claim_many("w", 30, 10)
     assert len(leases) == 1  # the tenant without the fixture's lease, once
-    assert q.router.backend.fair  # type: ignore[attr-defined]
+    assert q.router.backend.known.tenants_on  # type: ignore[attr-defined]
     assert q.claim_many("w", 30, 10) == []
 
 

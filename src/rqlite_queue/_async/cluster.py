@@ -88,7 +88,7 @@ class AsyncBackend:
 
     async def setup(self, deadline: float) -> None:
         """Create the queue's tables if missing, or upgrade them, and check their version."""
-        await self._drive(schema.setup(self.core, self.known.learn), self._sent, deadline)
+        await self._drive(schema.setup(self.core, self.known.learn), self._send, deadline)
         self.schema_checked = True
 
     async def _drive(
@@ -178,8 +178,7 @@ class AsyncBackend:
 
     async def _resend(self, plan: Plan[T], deadline: float) -> T:
         """Send a retry-safe batch again after an unknown outcome, until `deadline`."""
-        batch = plan.batch if plan.resend is None else plan.resend()
-        batch = self._fenced(batch) if self.schema_checked else batch
+        batch = self._fenced(plan.batch if plan.resend is None else plan.resend())
         read = plan.read if plan.read_resent is None else plan.read_resent
         retry = Retry(FAILOVER, deadline, random.random)
         while True:
