@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -17,25 +18,38 @@ import pytest
 DEMO = [sys.executable, "-m", "rqlite_queue", "demo"]
 
 
-def rqlited_pids() -> set[int]:
-    """PIDs of every rqlited process on this machine (Linux /proc)."""
+MARK = "RQLITE_QUEUE_TEST_DEMO"
+"""Set in the environment of each demo a test runs, so that the rqlited processes it starts
+(they inherit it) are told from those of other test runs on the same machine."""
+
+
+def demo_env(base: dict[str, str] | None = None, **extra: str) -> dict[str, str]:
+    return {**(os.environ if base is None else base), **extra, MARK: uuid.uuid4().hex}
+
+
+def rqlited_pids(env: dict[str, str]) -> set[int]:
+    """PIDs of the rqlited processes started under `env` (a `demo_env`): those whose
+    environment carries its mark (Linux /proc)."""
+    mark = f"{MARK}={env[MARK]}".encode()
     pids: set[int] = set()
     for entry in Path("/proc").glob("[0-9]*"):
         try:
             argv0 = (entry / "cmdline").read_bytes().split(b"\0", 1)[0]
+            if not os.path.basename(argv0).startswith(b"rqlited"):
+                continue
+            if mark in (entry / "environ").read_bytes().split(b"\0"):
+                pids.add(int(entry.name))
         except OSError:
             continue
-        if os.path.basename(argv0).startswith(b"rqlited"):
-            pids.add(int(entry.name))
     return pids
 
 
-def left_behind(before: set[int]) -> set[int]:
-    """rqlited processes that appeared since `before` and are still alive a moment later."""
+def left_behind(env: dict[str, str]) -> set[int]:
+    """rqlited processes of this demo still alive a moment after it ended."""
     deadline = time.monotonic() + 5
-    while (new := rqlited_pids() - before) and time.monotonic() < deadline:
+    while (left := rqlited_pids(env)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    return new
+    return left
 
 
 def run_demo(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -72,21 +86,19 @@ def test_demo_on_sqlite() -> None:
 
 
 def test_demo_on_rqlite_cluster(rqlited_path: str) -> None:
-    before = rqlited_pids()
-    env = dict(os.environ, RQLITED=rqlited_path)
+    env = demo_env(RQLITED=rqlited_path)
     result = run_demo(
         "--backend", "rqlite", "--groups", "8", "--messages", "4", "--seed", "3", env=env
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert re.search(r"backend\s+rqlite v8\.43\.4, 3 nodes: n1", result.stdout), result.stdout
     check_report(result.stdout, 8, 4)
-    assert not left_behind(before)
+    assert not left_behind(env)
 
 
 def test_demo_interrupted_stops_its_cluster(rqlited_path: str) -> None:
     """Ctrl-C in the middle of the run: exit 130, and the cluster is gone."""
-    before = rqlited_pids()
-    env = dict(os.environ, RQLITED=rqlited_path)
+    env = demo_env(RQLITED=rqlited_path)
     proc = subprocess.Popen(
         [*DEMO, "--backend", "rqlite", "--groups", "20", "--messages", "10"],
         stdout=subprocess.PIPE,
@@ -101,7 +113,7 @@ def test_demo_interrupted_stops_its_cluster(rqlited_path: str) -> None:
                 break
         else:
             pytest.fail("the demo never started its workers")
-        assert rqlited_pids() - before, "the demo's cluster is not running"
+        assert rqlited_pids(env), "the demo's cluster is not running"
         time.sleep(0.5)
         proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=60)
@@ -111,7 +123,7 @@ def test_demo_interrupted_stops_its_cluster(rqlited_path: str) -> None:
             proc.wait()
     assert proc.returncode == 130, rest
     assert "interrupted" in rest
-    assert not left_behind(before)
+    assert not left_behind(env)
 
 
 def test_demo_without_rqlited_says_so_and_never_falls_back_to_sqlite(tmp_path: Path) -> None:
@@ -135,13 +147,13 @@ def test_make_demo_without_go_or_gcc_runs_on_the_embedded_queue(tmp_path: Path) 
     hidden = tmp_path / "bin"
     hidden.mkdir()
     (hidden / "make").symlink_to(make)
-    env = {
-        "PATH": str(hidden),
-        "HOME": str(tmp_path),
-        "RQLITE_QUEUE_CACHE": str(tmp_path / "cache"),
-        "LANG": "C.UTF-8",
-    }
-    before = rqlited_pids()
+    env = demo_env(
+        {},
+        PATH=str(hidden),
+        HOME=str(tmp_path),
+        RQLITE_QUEUE_CACHE=str(tmp_path / "cache"),
+        LANG="C.UTF-8",
+    )
     demo_args = "DEMO_ARGS=--groups 6 --messages 3 --seed 5"
     result = subprocess.run(
         # -o: the venv is there; make must not try to reinstall it with the PATH hidden.
@@ -159,4 +171,4 @@ def test_make_demo_without_go_or_gcc_runs_on_the_embedded_queue(tmp_path: Path) 
     assert "rqlite-queue rqlited" in output and "make demo` again" in output, output
     assert re.search(r"backend\s+embedded SQLite", result.stdout), output
     check_report(result.stdout, 6, 3)
-    assert not rqlited_pids() - before
+    assert not rqlited_pids(env)

@@ -114,7 +114,7 @@ PORT_COMMANDS: dict[str, list[str]] = {
     # node 1's Raft port is the one above its HTTP port
     "cluster up": ["cluster", "up", "1", "--http-port", "{port-1}"],
 }
-NO_QUEUE = {"rqlited", "cluster up"}  # no backend, no port to give them
+NO_QUEUE = {"rqlited", "toxiproxy", "cluster up"}  # no backend, no port to give them
 
 
 def leaf_commands(group: click.Group = cli, prefix: str = "") -> list[str]:

@@ -28,6 +28,9 @@ TASKS = {
 }
 LOGGING = {
     "version": 1,
+    # Django's default (True) silences every logger made before setup: in the test run, the
+    # library's own, which other tests read with caplog.
+    "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": "WARNING"},
 }
