@@ -241,7 +241,7 @@ class Link:
         *,
         name: str | None = None,
         toxicity: float = 1.0,
-        **attributes: float,
+        **attributes: float | str,
     ) -> str:
         """Add a toxic of `kind` with `attributes`; returns its name (default KIND_STREAM)."""
         return self.add_toxic(kind, stream, attributes, name=name, toxicity=toxicity)
@@ -250,7 +250,7 @@ class Link:
         self,
         kind: str,
         stream: str,
-        attributes: Mapping[str, float],
+        attributes: Mapping[str, float | str],
         *,
         name: str | None = None,
         toxicity: float = 1.0,
@@ -331,7 +331,7 @@ class Link:
         streams = [stream] if stream else ["upstream", "downstream"]
         return [self.add("timeout", s, timeout=round(close_after * 1000)) for s in streams]
 
-    def counted(self, kind: str, stream: str = "downstream", **attributes: float) -> str:
+    def counted(self, kind: str, stream: str = "downstream", **attributes: float | str) -> str:
         """Toxic `kind`, with a `tally` in front of it that counts what it was given
         (`tallied(stream)`)."""
         self.add("tally", stream, name=f"tally_{stream}")
@@ -344,7 +344,9 @@ class Link:
 
 
 @contextlib.contextmanager
-def toxic(link: Link, kind: str, stream: str = "downstream", **attributes: float) -> Iterator[str]:
+def toxic(
+    link: Link, kind: str, stream: str = "downstream", **attributes: float | str
+) -> Iterator[str]:
     """A toxic on `link` for the duration of the block."""
     name = link.add_toxic(kind, stream, attributes)
     try:
@@ -440,17 +442,16 @@ class ClusterLinks:
         # dropped from its proxy, which takes a moment after the removal.
         time.sleep(SETTLE)
 
-    def isolate(self, node_id: str, window: float = 0.3) -> None:
+    def isolate(self, node_id: str) -> None:
         """Cut `node_id` off through the proxies, as a partition does (packets dropped, no
-        reset): its own links silent (nothing reaches it, and it answers no one) and the
-        connections it holds open into the others' Raft links silenced too (`sever`: those
-        open now that carry data within `window` seconds, as a leader's heartbeats do). A
-        proxy cannot tell callers apart, so connections the node opens later still pass: a
-        node that led gets no votes while the others have a new leader. `clear()` ends it."""
+        reset): its own links silent (nothing reaches it, and it answers no one), and what it
+        sends into the others' Raft links dropped (`sever`, on the messages that carry its
+        Raft address, as every Raft message names its sender: a proxy cannot tell its callers
+        apart, and the others must still reach each other to elect a new leader). `clear()`
+        ends it."""
         for link in self.of(node_id):
             link.silent()
-        ms = round(window * 1000)
+        marker = self.raft[node_id].listen  # its advertised Raft address
         for other, link in self.raft.items():
             if other != node_id:
-                link.add("sever", "upstream", name="sever_upstream", window=ms)
-                link.add("sever", "downstream", name="sever_downstream", window=ms)
+                link.add("sever", "upstream", marker=marker)

@@ -165,35 +165,26 @@ func (t *Cut) Pipe(stub *toxics.ToxicStub) {
 	}
 }
 
-// Sever silences the connections that were open when it was added and carry data within
-// `window` ms of that (their data is dropped until it is removed); the others pass. Toxiproxy
-// sits in front of a node's port and cannot tell callers apart: to cut a leader off, its own
-// proxies are made silent and sever is put on the followers', which silences the leader's
-// connections to them (its heartbeats flow every few tens of ms) and neither the connections
-// the followers open to elect a new leader nor the idle ones they kept from an earlier term.
+// Sever drops what a connection carries from the first chunk that contains `marker` on (the
+// connection stays open, silent). Toxiproxy sits in front of a node's port and cannot tell its
+// callers apart; Raft's messages name their sender (hashicorp/raft's RPC header carries its
+// address), so with a node's advertised Raft address as the marker, sever on the others'
+// Raft links drops every message that node sends them, on the connections it has open and on
+// those it opens later, and lets the others' messages to each other pass.
 type Sever struct {
-	Window  int64 `json:"window"`
-	created time.Time
+	Marker string `json:"marker"`
 }
 
-const severGrace = 20 * time.Millisecond // existing links start their copy within this
-
-func (t *Sever) UnmarshalJSON(data []byte) error {
-	var attributes struct {
-		Window int64 `json:"window"`
-	}
-	if err := json.Unmarshal(data, &attributes); err != nil {
-		return err
-	}
-	t.Window = attributes.Window
-	t.created = time.Now()
-	return nil
+type severState struct {
+	dropping bool
+	tail     []byte // the end of the last chunk: a marker may straddle two
 }
+
+func (t *Sever) NewState() interface{} { return new(severState) }
 
 func (t *Sever) Pipe(stub *toxics.ToxicStub) {
-	existing := !t.created.IsZero() && time.Since(t.created) < severGrace
-	window := t.created.Add(time.Duration(t.Window) * time.Millisecond)
-	decided, drop := !existing, false
+	state := stub.State.(*severState)
+	marker := []byte(t.Marker)
 	for {
 		select {
 		case <-stub.Interrupt:
@@ -203,10 +194,16 @@ func (t *Sever) Pipe(stub *toxics.ToxicStub) {
 				stub.Close()
 				return
 			}
-			if !decided {
-				decided, drop = true, c.Timestamp.Before(window)
+			if !state.dropping && len(marker) > 0 {
+				seen := append(append([]byte{}, state.tail...), c.Data...)
+				state.dropping = bytes.Contains(seen, marker)
+				if keep := len(marker) - 1; len(seen) > keep {
+					state.tail = seen[len(seen)-keep:]
+				} else {
+					state.tail = seen
+				}
 			}
-			if !drop {
+			if !state.dropping {
 				stub.Output <- c
 			}
 		}
