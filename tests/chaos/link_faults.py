@@ -105,6 +105,8 @@ class LinkFault(FaultRecord):
     worker_unknown: int = 0
     acks_during: int = 0
     """Acks applied while the fault lasted."""
+    began: float = 0.0
+    """When its toxics started to be put in (calls from then on may meet them)."""
 
 
 @dataclass
@@ -220,13 +222,14 @@ def _run(
             i = 0
             while not stop_publishing.is_set():
                 group = groups[i % len(groups)]
+                sent = time.monotonic()
                 try:
                     seq = q.publish(group, {"i": i})
                     published.append((group, seq))
                     report.producer_outcomes["ok"] += 1
                 except OutcomeUnknown:
                     unknown.append(i)
-                    unknown_at.append(time.monotonic())
+                    unknown_at.append(sent)
                     report.producer_outcomes["OutcomeUnknown"] += 1
                 except QueueError as exc:  # not applied: nothing to check
                     report.producer_outcomes[type(exc).__name__] += 1
@@ -299,8 +302,9 @@ def _run(
             worker_log.removeHandler(counter)
     report.published = len(published)
     report.leases_lost = sync_worker.stats.leases_lost + async_state["worker"].stats.leases_lost
-    # Each OutcomeUnknown is put down to the last fault that began before it (a call may
-    # wait its whole timeout on a link that went silent, and fail after the fault cleared).
+    # Each OutcomeUnknown is put down to the last fault that began before its call started (a
+    # publish without dedup ids waits its whole timeout on a link that went silent, and fails
+    # after the fault cleared, maybe during the next one).
     for t in unknown_at:
         fault = _last_before(report.link_faults, t)
         if fault is None:
@@ -329,7 +333,7 @@ def _run(
 
 
 def _last_before(faults: list[LinkFault], t: float) -> LinkFault | None:
-    before = [f for f in faults if f.started <= t]
+    before = [f for f in faults if f.began <= t]
     return before[-1] if before else None
 
 
@@ -352,6 +356,7 @@ def _fault(
     http = [*workers_http, *producer_http]
     streams = ("upstream", "downstream")
     counted: list[tuple[Link, str]] = []  # the tallies to read at the end
+    began = time.monotonic()
 
     def tally(link: Link, stream: str) -> None:
         link.add("tally", stream, name=f"tally_{stream}")
@@ -430,6 +435,7 @@ def _fault(
         ended,
         None if elected is None else elected - started,
         lost=lost,
+        began=began,
     )
 
 
