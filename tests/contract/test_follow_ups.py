@@ -106,6 +106,31 @@ async def test_a_round_publishes_the_follow_ups_of_the_settlements_that_applied(
     assert await peek_all(q, "from-a", "from-b") == {"from-a": [], "from-b": [2]}
 
 
+async def test_a_lease_named_again_in_a_round_publishes_its_follow_ups_once(q: Any) -> None:
+    """A lease acked three times in one round (and dead-lettered too): its first mention
+    settles it and publishes its follow-ups (to its own group, and to others: on a sharded
+    queue, some through the outbox to the other shard), once; the others are reported lost."""
+    await q.publish("a", "first")
+    lease = await q.claim("w", 30)
+    follow = [("a", "next"), ("b", 1), ("c", 2), ("d", 3), ("e", 4)]
+    result = await q.settle_and_claim(
+        "w",
+        30,
+        3,
+        ack=[lease, lease, lease],
+        dead=[(lease, "again")],
+        publish=[(lease, follow)],
+    )
+    assert result.lost == [lease] * 3
+    assert await q.dead_letters() == []
+    claimed = [(x.group_id, x.event) for x in result.leases]
+    claimed += [(x.group_id, x.event) for x in await q.claim_many("w", 30, 10)]
+    assert sorted(claimed) == sorted(follow)
+    assert await q.claim_many("w", 30, 10) == []
+    stats = await q.stats()
+    assert (stats.depth, stats.outbox) == (5, 0)
+
+
 @pytest.mark.parametrize(
     "publish",
     [
