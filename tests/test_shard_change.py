@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from rqlite_queue import InvalidArgument, ShardedTransport
+from rqlite_queue._protocol.sharding import home
 from rqlite_queue.errors import StaleShardList
 from rqlite_queue.testing import Cluster
 
@@ -209,6 +210,43 @@ def test_a_shard_added_under_load_keeps_fifo_and_exclusivity(three: list[str]) -
         shards = clients.observer.shards[group]
         assert shards[shards.index("c") :] == ["c"] * (len(shards) - shards.index("c"))
     assert "p2" in clients.stale, "the client on the old list was never refused"
+
+
+def test_a_group_held_while_its_old_shard_delivers_its_last_message_is_released(
+    rqlite_cluster_factory: Callable[..., Cluster],
+) -> None:
+    """The race the test above met under load (the new shard showing `waiting=1`, the old
+    ones `leaving=0`, until its timeout): a publish finds the moving group's last message
+    still on its old shard; the ack of that message then looks for a hold to release on the
+    new shard before the publish has written it; the publish writes it. Nothing else would
+    release it (only a Worker's periodic sweep): the publish looks again once its hold is
+    written."""
+    a, c = (rqlite_cluster_factory(1).url for _ in range(2))
+    joining = f"epoch=1;a={a};+c={c}"
+    group = next(g for g in GROUPS if home(g, ["a", "c"]) == "c")
+    with (
+        ShardedTransport(f"a={a}", queue="race") as old,
+        ShardedTransport(joining, queue="race") as worker,
+        ShardedTransport(joining, queue="race") as publisher,
+    ):
+        old.setup()
+        old.publish(group, "on the old shard")
+        lease = worker.claim("w", 30)
+        assert lease is not None and lease.shard == "a"
+        new_shard = publisher.router.backend("c")
+        run = new_shard.run
+
+        def ack_first(plan: Any, deadline: float) -> Any:  # after the look, before the write
+            new_shard.run = run
+            worker.ack(lease)
+            return run(plan, deadline)
+
+        new_shard.run = ack_first
+        publisher.publish(group, "on the new shard")
+        assert new_shard.run is run, "the publish did not go to the new shard"
+        assert {s.name: s.waiting for s in publisher.shard_status()} == {"a": 0, "c": 0}
+        moved = worker.claim("w", 30)
+        assert moved is not None and (moved.shard, moved.event) == ("c", "on the new shard")
 
 
 def test_a_drained_shard_empties_and_can_be_removed(three: list[str]) -> None:

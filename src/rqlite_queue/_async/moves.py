@@ -5,6 +5,7 @@ file is the source; `_sync/moves.py` is generated from it."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterable
 
@@ -13,7 +14,7 @@ from .._protocol.sharding import ShardList, status_of, status_unknown
 from ..errors import BackendError, StaleShardList
 from ..types import Lease, ShardStatus
 from .cluster import AsyncBackend
-from .shard_calls import AsyncShardCalls
+from .shard_calls import NOT_ANSWERED, AsyncShardCalls
 
 RELEASE_SWEEP = 1.0
 """While the shard list changes, how often workers look for moved groups still held on their
@@ -78,6 +79,16 @@ class AsyncMoves:
         none left there, its new shard may serve it."""
         if self.shard_list.changing and (groups := self.shard_list.left_old_shard(leases)):
             await self.release_if_gone(groups, deadline)
+
+    async def release_if_delivered(self, held: Iterable[str], deadline: float) -> None:
+        """After a publish held these moving groups on their new shard: release those whose
+        old shard has delivered its last message of them meanwhile. (That message's ack
+        looked for the hold to release before this publish had written it, and nothing else
+        would release it but a Worker's periodic sweep.) The publish is written: a failure
+        here is left to the next settlement's release or the sweep, never raised."""
+        if groups := set(held):
+            with contextlib.suppress(*NOT_ANSWERED, StaleShardList):
+                await self.release_if_gone(groups, deadline)
 
     async def release_if_gone(self, groups: set[str], deadline: float) -> None:
         by_target: dict[str, list[str]] = {}

@@ -164,6 +164,8 @@ class AsyncShardRouter:
         published = {n: r for n, r in results.items() if isinstance(r, list)}
         if published:
             LOCAL_PUBLISHES.published(self.core.names.queue)
+            held = {messages[i].group_id for n in published for i in parts[n]} & waiting
+            await self.moves.release_if_delivered(held, deadline)
         failed = [(n, r) for n, r in results.items() if isinstance(r, BaseException)]
         if failed and (len(parts) == 1 or (not published and _all_full(failed))):
             raise failed[0][1]  # nothing was written
@@ -321,9 +323,11 @@ class AsyncShardRouter:
             sorted(held),
         )
         try:
-            return await self.calls.on(name, plan, deadline)
+            seqs = await self.calls.on(name, plan, deadline)
         except BackendError as exc:
             raise self.moves.stale(name, exc) from exc
+        await self.moves.release_if_delivered(held, deadline)
+        return seqs
 
     async def schedule(self, plan: Plan[T], name: str, group_id: str, deadline: float) -> T:
         return await self.schedules.store(plan, name, group_id, deadline)

@@ -165,6 +165,8 @@ class ShardRouter:
         published = {n: r for n, r in results.items() if isinstance(r, list)}
         if published:
             LOCAL_PUBLISHES.published(self.core.names.queue)
+            held = {messages[i].group_id for n in published for i in parts[n]} & waiting
+            self.moves.release_if_delivered(held, deadline)
         failed = [(n, r) for n, r in results.items() if isinstance(r, BaseException)]
         if failed and (len(parts) == 1 or (not published and _all_full(failed))):
             raise failed[0][1]  # nothing was written
@@ -316,9 +318,11 @@ class ShardRouter:
             sorted(held),
         )
         try:
-            return self.calls.on(name, plan, deadline)
+            seqs = self.calls.on(name, plan, deadline)
         except BackendError as exc:
             raise self.moves.stale(name, exc) from exc
+        self.moves.release_if_delivered(held, deadline)
+        return seqs
 
     def schedule(self, plan: Plan[T], name: str, group_id: str, deadline: float) -> T:
         return self.schedules.store(plan, name, group_id, deadline)
