@@ -27,7 +27,7 @@ from rqlite_queue._protocol.http import parse_endpoints
 from rqlite_queue._protocol.plan import Batch, Statement
 from rqlite_queue._protocol.round_spec import RoundSpec
 from rqlite_queue.errors import BackendError, SchemaError
-from rqlite_queue.testing import Cluster, Node, free_port
+from rqlite_queue.testing import Cluster, Links, Node, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -151,6 +151,41 @@ def test_setup_is_idempotent_and_safe_from_several_clients(tmp_path: Path) -> No
     assert clients[2].stats().depth == 1
     for client in clients:
         client.close()
+
+
+@pytest.fixture(scope="module")
+def first_node_cut(rqlited_path: str, toxiproxy_path: str) -> Any:
+    """A 3-node cluster whose first node (the one a client tries first) does every request
+    it is sent but has its reply cut off in the middle, as a leader does that loses its place
+    while committing ("leadership lost while committing log"): for a write, its outcome is
+    unknown to the client."""
+    with Cluster(3, binary=rqlited_path, links=Links()) as cluster:
+        assert cluster.links is not None
+        cluster.links.http["n1"].add("cut", "downstream", every=1, keep=20)
+        yield cluster
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+async def test_a_setup_whose_reply_is_lost_is_sent_again(
+    first_node_cut: Cluster, flavour: str
+) -> None:
+    """The first setup of a queue (create the tables if missing, read what is there: the
+    same effect however many times it applies) goes on to another node after a lost reply,
+    within its deadline, rather than raising `OutcomeUnknown` to the caller."""
+    queue = fresh_queue()
+    link = first_node_cut.links.http["n1"]  # type: ignore[union-attr]
+    cuts = link.toxic("cut_downstream")["attributes"]["cuts"]
+    if flavour == "sync":
+        with RqliteTransport(first_node_cut.url, queue=queue, deadline=20) as sync:
+            sync.setup()
+            sync.publish("g", 1)
+            assert sync.stats().depth == 1
+    else:
+        async with AsyncRqliteTransport(first_node_cut.url, queue=queue, deadline=20) as q:
+            await q.setup()
+            await q.publish("g", 1)
+            assert (await q.stats()).depth == 1
+    assert link.toxic("cut_downstream")["attributes"]["cuts"] > cuts, "no reply was cut"
 
 
 @pytest.mark.parametrize(

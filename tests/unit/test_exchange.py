@@ -126,6 +126,44 @@ def test_a_read_is_retried_whatever_happened() -> None:
     assert isinstance(result, list) and len(sends(actions)) == 3
 
 
+def test_an_idempotent_write_is_retried_as_a_read_is() -> None:
+    """The setup's bootstrap (`Plan.idempotent`): its lost replies (a leader that lost its
+    place while committing it, a reply cut off) are sent again on the way, and given up at
+    the deadline it says what each node did, as a read's does: never `OutcomeUnknown`."""
+    from rqlite_queue._protocol.http import ClientState, Endpoints
+    from rqlite_queue._protocol.plan import Batch, Statement
+
+    def run(answers: list[Outcome], deadline: float) -> tuple[object, int]:
+        clock = Clock()
+        state = ClientState(
+            Endpoints(URLS), timeout=1.0, clock=clock, monotonic=clock, random=jitter
+        )
+        batch = Batch((Statement("CREATE TABLE IF NOT EXISTS t (x)"),))
+        _, steps = state.steps(batch, clock.now + deadline, idempotent=True)
+        sent = 0
+        try:
+            action = next(steps)
+            while True:
+                if isinstance(action, Send):
+                    clock.now += 0.01
+                    sent += 1
+                    action = steps.send(answers[min(sent, len(answers)) - 1])
+                else:
+                    clock.now += action.seconds
+                    action = steps.send(None)
+        except StopIteration as done:
+            return done.value, sent
+        except Unavailable as exc:
+            return exc, sent
+
+    lost = NoReply("read timed out", "no reply within 1.0s")
+    result, sent = run([LEADERSHIP_LOST, lost, OK], deadline=5.0)
+    assert isinstance(result, list) and result[0].rows_affected == 1 and sent == 3
+    given_up, _ = run([LEADERSHIP_LOST], deadline=2.0)
+    assert isinstance(given_up, Unavailable) and not isinstance(given_up, OutcomeUnknown)
+    assert "leadership lost while committing log" in str(given_up)
+
+
 def test_wrong_credentials_are_not_retried() -> None:
     result, actions, _, _ = drive(iter([UNAUTHORIZED, OK]))
     assert isinstance(result, AuthError) and len(sends(actions)) == 1

@@ -281,10 +281,11 @@ def exchange(
     the request was not applied moves to the next node and tries again after a backoff; a
     write whose outcome is unknown is not resent here (the transport knows which writes are
     safe to resend) but raises `OutcomeUnknown`, after moving on to the next node (the one
-    that failed may be frozen). No request is given more time than is left. Given up, the
-    error says what each node did (`names`: the nodes' URLs, for it). With
-    `refused_patience`, until a node is reached (`Nodes.reached`), every node refusing
-    connections for that long raises `NothingListens` at once."""
+    that failed may be frozen); `write=False` (a read, or a write that changes nothing when
+    applied again) tries again instead, as after a failure. No request is given more time
+    than is left. Given up, the error says what each node did (`names`: the nodes' URLs, for
+    it). With `refused_patience`, until a node is reached (`Nodes.reached`), every node
+    refusing connections for that long raises `NothingListens` at once."""
     retry = Retry(FAILOVER, deadline, jitter)
     started = monotonic()
     last: Unavailable | None = None
@@ -441,11 +442,14 @@ class ClientState:
         lease_for: float | None = None,
         resend: int = 0,
         final: bool = False,
+        idempotent: bool = False,
     ) -> tuple[HttpRequest, Generator[Action, Outcome | None, list[Result]]]:
+        """The exchange of `batch` (`idempotent`: a write applied again changes nothing, so
+        its lost reply is sent again here as a read's is, not raised: `Plan.idempotent`)."""
         request = request_for(batch)
         return request, exchange(
             request,
-            write=batch.write,
+            write=batch.write and not idempotent,
             nodes=self.nodes,
             deadline=deadline,
             timeout=self.timeout,

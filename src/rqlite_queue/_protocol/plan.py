@@ -154,6 +154,12 @@ class Plan(Generic[T]):
     read_resent: Callable[[Reply], T] | None = None
     """How to read the reply of a resend, if not as `read` (a resend that cannot tell whether
     the first send applied)."""
+    idempotent: bool = False
+    """Its batch applied again changes nothing and reads the same (`CREATE ... IF NOT
+    EXISTS`, `INSERT OR IGNORE`, reads: the setup's bootstrap): after a lost reply the client
+    sends it again on the way, as it does a read, until the deadline; given up, it raises
+    `Unavailable` with what each node did, never `OutcomeUnknown` (its outcome does not
+    matter to the caller)."""
     lease_for: float | None = None
     """The visibility of the leases this plan takes or extends: the backend that runs it
     first checks that its cluster's clock is close enough to this client's for them."""

@@ -381,7 +381,7 @@ def bootstrap(core: QueueCore, learn: Callable[[bool], None] | None = None) -> P
             bool(reply["counted"].rows[0][0]),
         )
 
-    return Plan(bootstrap_batch(core.names), read, resend_safe=True)
+    return Plan(bootstrap_batch(core.names), read, resend_safe=True, idempotent=True)
 
 
 def schema_version(core: QueueCore) -> Plan[int]:
@@ -511,7 +511,10 @@ def _check_shape(n: Names, found: Found) -> None:
 
 def setup(core: QueueCore, learn: Callable[[bool], None] | None = None) -> Steps[None]:
     """Create the queue's tables if missing, or upgrade them, and check their version (the
-    steps a backend drives, each plan sent as it is: no fence yet)."""
+    steps a backend drives, each plan sent as it is: no fence yet). The bootstrap is
+    idempotent: its lost reply (a leader that lost its place while committing it, say) is
+    sent again within the deadline, and a cluster that never takes it raises `Unavailable`
+    with what each node did; an upgrade's lost reply is followed by a new bootstrap."""
     failure: Exception | None = None
     for _ in range(UPGRADE_ATTEMPTS):
         plan = upgrade(core, (yield bootstrap(core, learn)))

@@ -51,6 +51,7 @@ class Executor(Protocol):
         lease_for: float | None = None,
         resend: int = 0,
         final: bool = False,
+        idempotent: bool = False,
     ) -> list[Result]: ...
 
     def close(self) -> None: ...
@@ -160,7 +161,11 @@ class Backend:
             return plan.read(Reply(plan.batch, []))  # nothing to do (an empty settle, say)
         batch = self._fenced(plan.batch) if self.schema_checked else plan.batch
         results = self.executor.execute(
-            batch, deadline, lease_for=plan.lease_for, final=not plan.resend_safe
+            batch,
+            deadline,
+            lease_for=plan.lease_for,
+            final=not plan.resend_safe,
+            idempotent=plan.idempotent,
         )
         return plan.read(self._checked(batch, results))
 

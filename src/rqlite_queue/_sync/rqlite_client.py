@@ -47,12 +47,14 @@ class RqliteClient(ClientState):
         lease_for: float | None = None,
         resend: int = 0,
         final: bool = False,
+        idempotent: bool = False,
     ) -> list[Result]:
         """Run `batch`, giving up at `deadline` (a `time.monotonic()` time). `lease_for`: the
         visibility of the leases it takes or extends; `resend`: how many times the call sent
         it already; `final`: the call cannot send it again after a lost reply (all three
-        bound how long one node is waited for: `ClientState.patience`)."""
-        request, steps = self.steps(batch, deadline, lease_for, resend, final)
+        bound how long one node is waited for: `ClientState.patience`); `idempotent`: a
+        write whose lost reply is sent again here, as a read's (`Plan.idempotent`)."""
+        request, steps = self.steps(batch, deadline, lease_for, resend, final, idempotent)
         action = next(steps)
         while True:
             if isinstance(action, Send):
