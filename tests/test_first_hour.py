@@ -23,7 +23,7 @@ import click
 import pytest
 from test_cli import DOCS, EXE, cli_env, one_error_line, run
 
-from rqlite_queue import Backoff, RqliteTransport, Transport, Unavailable
+from rqlite_queue import Backoff, RqliteTransport, ShardedTransport, Transport, Unavailable
 from rqlite_queue.backup import backup
 from rqlite_queue.cli import _run, cli
 from rqlite_queue.cli._base import _state
@@ -211,6 +211,7 @@ def test_every_command_keeps_the_rule(
         line = the_one_error(ran, command)
         assert f"nothing answers at {dead} (connection refused)" in line, (command, line)
         assert "is the cluster running?" in line, (command, line)
+        assert line.endswith("('rqlite-queue cluster up' starts a local one)"), (command, line)
         slowest = max(slowest, ran.seconds)
 
         bare = dead.removeprefix("http://")
@@ -243,6 +244,25 @@ def test_a_dead_url_is_said_at_once_with_what_to_do(tmp_path: Path) -> None:
         "('rqlite-queue cluster up' starts a local one)"
     )
     assert took < 10, took  # about 1.5 s on a busy 2-core machine, imports included
+
+
+def test_a_sharded_queue_none_of_whose_shards_listens_says_so_with_what_to_do(
+    cli_run: Callable[..., Ran],
+) -> None:
+    """Every shard refused: the library's error says so of each shard (NothingListens, its
+    nodes by URL), and `shards status` / `shards drain` give the next step as the others do."""
+    a, b = f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(NothingListens) as error:
+        ShardedTransport(f"a={a};b={b}", refused_timeout=0.2, deadline=5).setup()
+    assert error.value.refused and error.value.nodes == {a: REFUSED, b: REFUSED}
+    assert f"a: nothing answers at {a}" in str(error.value)
+    assert f"b: nothing answers at {b}" in str(error.value)
+
+    for args in (["shards", "status"], ["shards", "drain", "b"]):
+        ran = cli_run("--url", f"a={a};-b={b};epoch=2", *args)
+        line = the_one_error(ran, " ".join(args))
+        assert line.startswith("error: no shard answered: a: nothing answers at"), line
+        assert line.endswith("('rqlite-queue cluster up' starts a local one)"), line
 
 
 @pytest.mark.rqlite

@@ -119,6 +119,22 @@ class NothingListens(Unavailable):
     deadline (`refused_timeout=None`, the default: never)."""
 
 
+def no_cluster_answered(message: str, failures: Mapping[str, BaseException]) -> Unavailable:
+    """One error for several clusters none of which answered (the shards of a queue, by
+    name): `message`, then each one's own error; `nodes` holds what every node of every one
+    did, so that `refused` says whether nothing listens anywhere. NothingListens when each
+    one said so."""
+    nodes: dict[str, str] = {}
+    for failure in failures.values():
+        nodes.update(failure.nodes if isinstance(failure, Unavailable) else {})
+    said = "; ".join(f"{name}: {failure}" for name, failure in failures.items())
+    every_one_empty = bool(failures) and all(
+        isinstance(f, NothingListens) for f in failures.values()
+    )
+    kind = NothingListens if every_one_empty else Unavailable
+    return kind(f"{message}: {said}" if said else message, nodes)
+
+
 class NoLeader(Unavailable):
     """rqlite is up but has no leader (election under way, or no quorum): not applied; retry
     later."""

@@ -19,7 +19,14 @@ from .._protocol.core import QueueCore
 from .._protocol.plan import Plan
 from .._protocol.sharding import ShardHealth
 from .._runtime import FanOut, Same
-from ..errors import InvalidArgument, OutcomeUnknown, QueueError, ShardDown, Unavailable
+from ..errors import (
+    InvalidArgument,
+    OutcomeUnknown,
+    QueueError,
+    ShardDown,
+    Unavailable,
+    no_cluster_answered,
+)
 from ..types import NodeView
 from .cluster import Backend
 
@@ -70,9 +77,9 @@ class ShardCalls:
         """Set every shard up; one that does not answer by `deadline` is marked down (and
         probed in the background), unless none answers."""
         results = self.on_many(self.names, lambda _, b: b.setup(deadline))
-        failed = [(n, r) for n, r in results.items() if isinstance(r, BaseException)]
+        failed = {n: r for n, r in results.items() if isinstance(r, BaseException)}
         if len(failed) == len(self.names):
-            raise Unavailable(f"no shard answered: {failed[0][0]}: {failed[0][1]}")
+            raise no_cluster_answered("no shard answered", failed)
 
     def _mark_down(self, name: str, *, claims: bool = False) -> None:
         self._health.failed(name, time.monotonic(), claims=claims)
@@ -142,7 +149,8 @@ class ShardCalls:
         results = self.on_many(names, call, claims=workers)
         if answered := {n: r for n, r in results.items() if not isinstance(r, BaseException)}:
             return answered
-        raise Unavailable(f"queue {self._core.names.queue!r}: no shard answered")
+        failed = {n: r for n, r in results.items() if isinstance(r, BaseException)}
+        raise no_cluster_answered(f"queue {self._core.names.queue!r}: no shard answered", failed)
 
     def on_names(
         self, plan: Plan[T], deadline: float, what: str, names: Sequence[str] | None = None
