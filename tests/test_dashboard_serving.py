@@ -305,6 +305,45 @@ def test_on_every_address_the_machines_own_are_answered_and_shown(
     assert "warning" in served.log and "proxy" in served.log
 
 
+RESOLVER = """
+import socket
+
+_getaddrinfo = socket.getaddrinfo
+
+
+def getaddrinfo(host, port, *args, **kwargs):
+    # localhost as most machines' /etc/hosts name it: ::1 and 127.0.0.1 (IPv6 sorted first)
+    if host == "localhost":
+        return [*_getaddrinfo("::1", port, *args, **kwargs),
+                *_getaddrinfo("127.0.0.1", port, *args, **kwargs)]
+    return _getaddrinfo(host, port, *args, **kwargs)
+
+
+socket.getaddrinfo = getaddrinfo
+"""
+
+
+@pytest.mark.skipif(not socket.has_ipv6, reason="no IPv6")
+def test_a_name_of_several_addresses_is_served_on_each(tmp_path: Path) -> None:
+    """Issue 36: `--host localhost` where localhost names ::1 and 127.0.0.1 (most machines;
+    this one's /etc/hosts names 127.0.0.1 alone, so the command's resolver is given both, in
+    the order glibc sorts them) listens on both, on one port: one socket from the first
+    answer served ::1 alone, and a client trying 127.0.0.1 was refused."""
+    if "::1" not in machine_addresses(6):
+        pytest.skip("no ::1 on this machine")
+    (tmp_path / "sitecustomize.py").write_text(RESOLVER)
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    url = f"sqlite:///{tmp_path}/queue.db"
+    with (
+        serve(url, "q", "--host", "localhost", env={"PYTHONPATH": path}) as served,
+        httpx.Client() as http,
+    ):
+        assert served.urls == [f"http://localhost:{served.port}/"]
+        for address in ("127.0.0.1", "[::1]"):
+            page = http.get(f"http://{address}:{served.port}/")
+            assert page.status_code == 200, address
+
+
 # ------------------------------------------------------------------------------ (d), (e), headers
 
 

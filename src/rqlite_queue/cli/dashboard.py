@@ -186,30 +186,53 @@ def _trusted_proxies(
     return networks
 
 
-def _listen(host: str, port: int) -> socket.socket:
-    """The dashboard's socket, bound (uvicorn serves on it): a port already taken is one
-    error line that says what to do, not uvicorn's exit and its traceback."""
+def _listen(host: str, port: int) -> list[socket.socket]:
+    """The dashboard's sockets, bound (uvicorn serves on them): one for each address `host`
+    resolves to (`localhost`: 127.0.0.1 and ::1 where it names both, as a browser may try
+    either), all on one port (`--port 0`: the first one's). A port already taken is one error
+    line that says what to do, not uvicorn's exit and its traceback."""
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(
+        found = socket.getaddrinfo(
             host.strip("[]") or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )[0]
+        )
     except socket.gaierror as exc:
         raise click.BadParameter(f"{host!r}: {exc.strerror}", param_hint="'--host'") from None
-    sock = socket.socket(family, kind, proto)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if family == socket.AF_INET6:
-        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0 if host == "::" else 1)
+    addresses = list(dict.fromkeys((family, address) for family, _, _, _, address in found))
+    tries = 0
+    while True:
+        tries += 1
+        sockets: list[socket.socket] = []
+        try:
+            for family, (ip, _, *scope) in addresses:
+                at = port or (sockets[0].getsockname()[1] if sockets else 0)
+                sockets.append(_bound(family, (ip, at, *scope), dual_stack=host == "::"))
+            return sockets
+        except OSError as exc:
+            for sock in sockets:
+                sock.close()
+            # --port 0: the free port of the first address may be taken on another: again
+            if exc.errno == errno.EADDRINUSE and port == 0 and sockets and tries < 10:
+                continue
+            shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            if exc.errno == errno.EADDRINUSE:
+                raise click.ClickException(
+                    f"cannot listen on {shown}: the port is taken (another dashboard?): give "
+                    "another --port, or --port 0 for a free one"
+                ) from None
+            raise click.ClickException(f"cannot listen on {shown}: {exc.strerror}") from None
+
+
+def _bound(family: int, address: tuple[Any, ...], *, dual_stack: bool) -> socket.socket:
+    sock = socket.socket(family, socket.SOCK_STREAM)
     try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            # IPv6 only beside its IPv4 twin (`localhost`, ''); both on '::' alone
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0 if dual_stack else 1)
         sock.bind(address)
-    except OSError as exc:
+    except OSError:
         sock.close()
-        shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        if exc.errno == errno.EADDRINUSE:
-            raise click.ClickException(
-                f"cannot listen on {shown}: the port is taken (another dashboard?): give "
-                "another --port, or --port 0 for a free one"
-            ) from None
-        raise click.ClickException(f"cannot listen on {shown}: {exc.strerror}") from None
+        raise
     return sock
 
 
@@ -328,7 +351,8 @@ def dashboard(
         try:
             transport = await AsyncTransport.from_url(config.backend(), **config.options())
         except BaseException:
-            listening.close()
+            for sock in listening:
+                sock.close()
             raise
         try:
             app = create_app(
@@ -358,7 +382,7 @@ def dashboard(
             loop = asyncio.get_running_loop()
             for signum in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(signum, setattr, server, "should_exit", True)
-            serving = asyncio.create_task(server.serve(sockets=[listening]))
+            serving = asyncio.create_task(server.serve(sockets=listening))
             while not server.started and not serving.done():
                 await asyncio.sleep(0.02)
             if not server.started:
