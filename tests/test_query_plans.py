@@ -18,8 +18,8 @@ import pytest
 
 from rqlite_queue._io.sqlite import SqliteExecutor
 from rqlite_queue._io.urllib3_client import Urllib3Client
+from rqlite_queue._protocol import admin, rounds, schedules, schema, tenants
 from rqlite_queue._protocol import publish as publishing
-from rqlite_queue._protocol import rounds, schema, sql, tenants
 from rqlite_queue._protocol.http import parse_endpoints, parse_reply, request_for
 from rqlite_queue._protocol.messages import NewMessage
 from rqlite_queue._protocol.names import Names
@@ -100,9 +100,9 @@ def hot_batches(n: Names) -> dict[str, Batch]:
         "publish delayed, with a ttl": publish(
             [NewMessage("g", "{}", 0, None, due=9.0, expires=20.0)]
         ),
-        "schedules due": sql.list_schedules(n, due_by=5.0),
-        "fire schedules": sql.fire(
-            n, [sql.Fire("s", 4.0, 8.0, 3), sql.Fire("t", 2.0, 6.0, 1)], now=5.0
+        "schedules due": schedules.list_batch(n, due_by=5.0),
+        "fire schedules": schedules.fire_batch(
+            n, [schedules.Fire("s", 4.0, 8.0, 3), schedules.Fire("t", 2.0, 6.0, 1)], now=5.0
         ),
         "ack": settle(finish=[held]),
         "ack_many": settle(finish=many),
@@ -114,22 +114,22 @@ def hot_batches(n: Names) -> dict[str, Batch]:
         "prune empty groups": rounds.round_trip(n, now=1.0, prune=True),
         "probe": rounds.probe_batch(n, min_priority=0, now=1.0),
         "probe min_priority=4": rounds.probe_batch(n, min_priority=4, now=1.0),
-        "hold": sql.hold(n, "g5", now=1.0),
-        "release": sql.release(n, "g5"),
-        "requeue_dead": sql.requeue_dead(n, [1, 2], now=1.0),
-        "purge_dead": sql.purge_dead(n, [1, 2]),
-        "dead_letters": sql.list_dead(n, limit=100, group_id=None),
-        "dead_letters of a group, after a cursor": sql.list_dead(
+        "hold": admin.hold_batch(n, "g5", now=1.0),
+        "release": admin.release_batch(n, "g5"),
+        "requeue_dead": admin.requeue_batch(n, [1, 2], now=1.0),
+        "purge_dead": admin.purge_batch(n, [1, 2]),
+        "dead_letters": admin.dead_batch(n, limit=100, group_id=None),
+        "dead_letters of a group, after a cursor": admin.dead_batch(
             n, limit=100, group_id="g5", after=7
         ),
-        "peek": sql.peek(n, "g5", limit=10),
-        "groups": sql.list_groups(n, now=5.0, limit=100),
-        "groups after, with a prefix": sql.list_groups(
+        "peek": admin.peek_batch(n, "g5", limit=10),
+        "groups": admin.groups_batch(n, now=5.0, limit=100),
+        "groups after, with a prefix": admin.groups_batch(
             n, now=5.0, limit=100, after="g1", prefix=("g1", "g2")
         ),
-        "cancel_group": sql.cancel_group(n, "g5", "why", now=1.0),
-        "set_priority": sql.set_priority(n, "g5", 3),
-        "pause": sql.set_paused(n, True),
+        "cancel_group": admin.cancel_batch(n, "g5", "why", now=1.0),
+        "set_priority": admin.priority_batch(n, "g5", 3),
+        "pause": admin.paused_batch(n, True),
         "set_tenant": tenants.store(n, "t7", {"weight": 2.0}, now=1.0),
         "set_tenant limits": tenants.store(
             n, "t7", {"cap": 3, "rate": 5.0, "burst": 5.0, "max_queued": 9}, now=1.0
@@ -213,7 +213,7 @@ def metrics_reads(n: Names) -> dict[str, Batch]:
     """The reads `stats()` added for the Prometheus gauges (issue 24), each alone: the count of
     groups waiting for a delayed head, and the pass over the groups per priority that now
     also finds each priority's oldest head."""
-    stats = sql.stats(n, now=5.0)
+    stats = admin.stats_batch(n, now=5.0)
     return {
         slot: Batch((stats.statements[stats.slots[slot]],), write=False)
         for slot in ("delayed_groups", "by_priority")

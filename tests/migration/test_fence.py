@@ -20,7 +20,7 @@ import pytest
 from rqlite_queue import AsyncSqliteTransport, RqliteTransport, SqliteTransport, Transport
 from rqlite_queue._protocol import schema
 from rqlite_queue._protocol.names import Names
-from rqlite_queue._protocol.sql import STALE_EPOCH_ERROR
+from rqlite_queue._protocol.shard_tables import STALE_EPOCH_ERROR
 from rqlite_queue.errors import SchemaError
 from rqlite_queue.testing import Cluster
 

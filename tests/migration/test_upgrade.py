@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from rqlite_queue import Lease, LeaseLost, RqliteTransport, SqliteTransport, Transport
-from rqlite_queue._protocol import sql
+from rqlite_queue._protocol.plan import Batch, Statement
 from rqlite_queue.errors import QueueFull
 from rqlite_queue.testing import Cluster
 
@@ -269,9 +269,9 @@ def test_a_v4_queue_with_tenants_on_keeps_them_and_takes_limits(
     assert tenants["acme"].weight == 2.0
     assert (tenants["acme"].groups, tenants[""].groups) == (3, 2)
     assert tenants["acme"].in_flight + tenants[""].in_flight == 1  # the fixture's lease
-    mark = sql.Statement("SELECT token FROM rq_tenanted_claims WHERE token = '*'", {})
+    mark = Statement("SELECT token FROM rq_tenanted_claims WHERE token = '*'", {})
     executor = q.router.backend.executor  # type: ignore[attr-defined]
-    [found] = executor.execute(sql.Batch((mark,), write=False), time.monotonic() + 30)
+    [found] = executor.execute(Batch((mark,), write=False), time.monotonic() + 30)
     assert found.rows == [["*"]]
     q.set_tenant("acme", max_in_flight=1)
     q.set_tenant("", max_in_flight=1)

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 
 from rqlite_queue import InvalidArgument, Lease, OutcomeUnknown
-from rqlite_queue._protocol import messages, round_spec, rounds, schema, sql
+from rqlite_queue._protocol import admin, messages, round_spec, rounds, schema
 from rqlite_queue._protocol import publish as publishing
 from rqlite_queue._protocol.core import QueueCore
 from rqlite_queue._protocol.messages import Message
-from rqlite_queue._protocol.plan import Plan
+from rqlite_queue._protocol.plan import Batch, Plan, Reply, Result
 from rqlite_queue._protocol.round_spec import RoundSpec
 from rqlite_queue.errors import EncodeError, TransportClosed
 from rqlite_queue.types import Round
@@ -51,12 +51,12 @@ def publish(c: QueueCore, group_id: str, event: Any, **options: Any) -> Plan[lis
     return publish_many(c, [{"group_id": group_id, "event": event, **options}])
 
 
-def reply(batch: sql.Batch, **by_slot: sql.Result) -> sql.Reply:
+def reply(batch: Batch, **by_slot: Result) -> Reply:
     """Results for `batch`: the named slots as given, every other statement empty."""
-    results = [sql.Result() for _ in batch.statements]
+    results = [Result() for _ in batch.statements]
     for slot, result in by_slot.items():
         results[batch.slots[slot]] = result
-    return sql.Reply(batch, results)
+    return Reply(batch, results)
 
 
 def lease(seq: int, group: str, token: str = "w:T0") -> Lease:
@@ -70,7 +70,7 @@ def test_a_claim_reads_its_leases_and_a_resend_reads_the_same() -> None:
         [9, "b", '{"n":9}', 2, NOW + 30, None, 12, '{"k":"v"}', 0],
         [7, "a", '{"n":7}', 1, NOW + 30, None, 3, None, 0],
     ]
-    canned = reply(plan.batch, leased=sql.Result(rows=rows))
+    canned = reply(plan.batch, leased=Result(rows=rows))
     leases = plan.read(canned).leases
     assert [(x.seq, x.group_id, x.event, x.attempts, dict(x.headers)) for x in leases] == [
         (7, "a", {"n": 7}, 1, {}),
@@ -78,7 +78,7 @@ def test_a_claim_reads_its_leases_and_a_resend_reads_the_same() -> None:
     ]
     assert {x.token for x in leases} == {"w:T1"}
     assert plan.resend_safe and plan.resend is not None and plan.read_resent is None
-    resent = reply(plan.resend(), leased=sql.Result(rows=rows))
+    resent = reply(plan.resend(), leased=Result(rows=rows))
     assert plan.read(resent).leases == leases  # in the groups' creation order, as first
 
 
@@ -88,7 +88,7 @@ def test_a_lease_on_an_expired_message_is_set_apart() -> None:
         [7, "a", "1", 1, NOW + 30, NOW - 1, 1, None, 0],
         [9, "b", "2", 1, NOW + 30, NOW + 60, 2, None, 0],
     ]
-    result = plan.read(reply(plan.batch, leased=sql.Result(rows=rows)))
+    result = plan.read(reply(plan.batch, leased=Result(rows=rows)))
     assert [x.seq for x in result.leases] == [9]
     assert [x.seq for x in result.expired] == [7]
 
@@ -107,10 +107,10 @@ def test_returning_rows_dropped_by_the_server_send_the_select_form() -> None:
     """Rows changed, none returned: the server did not keep the RETURNING rows; the claim's
     outcome is then unknown to the reader, which lets the transport resend the SELECT form."""
     plan = claim(core(), "w", 30, 2, 0)
-    dropped = reply(plan.batch, leased=sql.Result(rows_affected=2))
+    dropped = reply(plan.batch, leased=Result(rows_affected=2))
     with pytest.raises(OutcomeUnknown):
         plan.read(dropped)
-    assert plan.read(reply(plan.batch, leased=sql.Result())).leases == []  # nothing claimable
+    assert plan.read(reply(plan.batch, leased=Result())).leases == []  # nothing claimable
 
 
 def test_the_same_sources_make_the_same_batch() -> None:
@@ -126,8 +126,8 @@ def test_one_settlement_reads_its_outcome_from_its_record_on_any_send() -> None:
     held = lease(1, "a")
     plan = round_(core(), ack=[held])
     assert plan.resend_safe and plan.read_resent is None  # a resend is read as a first send
-    assert plan.read(reply(plan.batch, recorded=sql.Result(rows_affected=0))).lost == [held]
-    assert plan.read(reply(plan.batch, recorded=sql.Result(rows_affected=1))).lost == []
+    assert plan.read(reply(plan.batch, recorded=Result(rows_affected=0))).lost == [held]
+    assert plan.read(reply(plan.batch, recorded=Result(rows_affected=1))).lost == []
     record = next(s for s in plan.batch.statements if "INSERT INTO rq_t_settled" in s.sql)
     # group, token, seq, kind (acked), as plain parameters: one settlement's statements
     assert {k: record.params[k] for k in "gtq"} == {"g": "a", "t": "w:T0", "q": 1}
@@ -148,14 +148,14 @@ def test_an_extension_found_gone_is_lost_on_any_send() -> None:
     held = lease(1, "a")
     plan = round_(core(), extend=[held])
     assert plan.resend_safe and plan.read_resent is None
-    resent = plan.read(reply(plan.batch, changed=sql.Result(rows_affected=0)))
+    resent = plan.read(reply(plan.batch, changed=Result(rows_affected=0)))
     assert resent.lost == [held] and resent.extended == []
 
 
 def test_a_round_names_the_settlements_that_did_not_hold_in_the_order_given() -> None:
     a, b, c = lease(1, "a"), lease(2, "b"), lease(3, "c")
     plan = round_(core(), ack=[a, b, a], nack=[(c, 5)])
-    canned = reply(plan.batch, lost=sql.Result(rows=[[1]]))  # b (index 1 of the unique ones)
+    canned = reply(plan.batch, lost=Result(rows=[[1]]))  # b (index 1 of the unique ones)
     assert plan.read(canned).lost == [b, a]  # a's repeat never holds
 
 
@@ -172,8 +172,8 @@ def test_publish_reads_new_and_deduplicated_seqs() -> None:
     )
     canned = reply(
         plan.batch,
-        inserted=sql.Result(rows_affected=3, last_insert_id=12),
-        dedup=sql.Result(rows=[["old", 4], ["new", 11]]),
+        inserted=Result(rows_affected=3, last_insert_id=12),
+        dedup=Result(rows=[["old", 4], ["new", 11]]),
     )
     assert plan.read(canned) == [10, 4, 11, 11, 12]
     assert not plan.resend_safe  # not every item has a dedup id: a resend could duplicate
@@ -207,12 +207,16 @@ def test_bad_input_is_refused_before_any_statement(call: Any, error: type) -> No
 def test_a_closed_core_refuses_every_plan() -> None:
     c = core()
     c.closed = True
-    for call in (lambda: publish(c, "g", 1), lambda: claim(c, "w", 30, 1, 0), c.stats):
+    for call in (
+        lambda: publish(c, "g", 1),
+        lambda: claim(c, "w", 30, 1, 0),
+        lambda: admin.stats(c),
+    ):
         with pytest.raises(TransportClosed):
             call()
 
 
-def every_batch(c: QueueCore) -> dict[str, sql.Batch]:
+def every_batch(c: QueueCore) -> dict[str, Batch]:
     many = [lease(i, f"g{i}") for i in range(1, 501)]
     return {
         "setup": schema.bootstrap(c).batch,
@@ -238,10 +242,10 @@ def every_batch(c: QueueCore) -> dict[str, sql.Batch]:
         ).batch,
         "claim floor 1": claim(c, "w", 30, 64, 1).batch,
         "probe": rounds.probe(c, 1).batch,
-        "stats": c.stats().batch,
-        "requeue": c.requeue_dead([1, 2, 3]).batch,
-        "hold": c.hold("g").batch,
-        "peek": c.peek("g", 10).batch,
+        "stats": admin.stats(c).batch,
+        "requeue": admin.requeue_dead(c, [1, 2, 3]).batch,
+        "hold": admin.hold_group(c, "g").batch,
+        "peek": admin.peek(c, "g", 10).batch,
     }
 
 

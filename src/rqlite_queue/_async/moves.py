@@ -9,6 +9,7 @@ import contextlib
 import time
 from collections.abc import Iterable
 
+from .._protocol import admin, schedules, shard_tables
 from .._protocol.core import QueueCore
 from .._protocol.sharding import ShardList, status_of, status_unknown
 from ..errors import BackendError, StaleShardList
@@ -36,7 +37,7 @@ class AsyncMoves:
         target, previous = self.shard_list.placement(group_id)
         if target == previous:
             return target
-        here = await self.calls.on(previous, self.core.peek(group_id, 1), deadline)
+        here = await self.calls.on(previous, admin.peek(self.core, group_id, 1), deadline)
         return previous if here else target
 
     async def still_on_old_shards(self, group_ids: Iterable[str], deadline: float) -> set[str]:
@@ -53,7 +54,7 @@ class AsyncMoves:
 
         async def ask(name: str, backend: AsyncBackend) -> set[str]:
             try:
-                plan = self.core.groups_present(asked[name], self.shard_list.epoch)
+                plan = shard_tables.groups_present(self.core, asked[name], self.shard_list.epoch)
                 return await backend.run(plan, deadline)
             except BackendError as exc:
                 raise self.stale(name, exc) from exc
@@ -67,7 +68,7 @@ class AsyncMoves:
 
     def stale(self, name: str, exc: BackendError) -> BaseException:
         """What a failed guarded batch means: StaleShardList, or the error itself."""
-        if not self.core.is_stale_epoch(exc):
+        if not shard_tables.is_stale_epoch(self.core, exc):
             return exc
         return StaleShardList(
             f"shard {name!r} has been given a newer shard list than this client's (epoch "
@@ -96,7 +97,9 @@ class AsyncMoves:
             by_target.setdefault(self.shard_list.shard_of(group_id), []).append(group_id)
 
         async def release(name: str, backend: AsyncBackend) -> None:
-            await backend.run(self.core.release_waits(sorted(by_target[name])), deadline)
+            await backend.run(
+                shard_tables.release_waits(self.core, sorted(by_target[name])), deadline
+            )
 
         await self.calls.on_many(list(by_target), release)
 
@@ -112,7 +115,7 @@ class AsyncMoves:
         theirs. Returns how many were still held."""
         if not self.shard_list.changing:
             return 0
-        plan = self.core.waiting_groups(10_000)
+        plan = shard_tables.waiting_groups(self.core, 10_000)
         results = await self.calls.answering(lambda _, backend: backend.run(plan, deadline))
         waiting = {group_id for found in results.values() for group_id in found}
         if waiting:
@@ -127,17 +130,19 @@ class AsyncMoves:
         async def one(name: str, backend: AsyncBackend) -> ShardStatus:
             leaving, after = 0, None
             while True:
-                plan = core.groups(state=None, prefix=None, min_priority=0, limit=1000, after=after)
+                plan = admin.groups(
+                    core, state=None, prefix=None, min_priority=0, limit=1000, after=after
+                )
                 page = await backend.run(plan, deadline)
                 leaving += self.shard_list.leaving(name, page)
                 if len(page) < 1000:
                     break
                 after = page[-1].group_id
-            stats = await backend.run(core.stats(), deadline)
-            epoch = await backend.run(core.shard_epoch(), deadline)
-            schedules = await backend.run(core.schedules(), deadline)
-            waiting = await backend.run(core.waiting_groups(1_000_000), deadline)
-            return status_of(name, self.shard_list, stats, epoch, leaving, schedules, len(waiting))
+            stats = await backend.run(admin.stats(core), deadline)
+            epoch = await backend.run(shard_tables.shard_epoch(core), deadline)
+            stored = await backend.run(schedules.schedules(core), deadline)
+            waiting = await backend.run(shard_tables.waiting_groups(core, 1_000_000), deadline)
+            return status_of(name, self.shard_list, stats, epoch, leaving, stored, len(waiting))
 
         results = await self.calls.on_many(self.calls.names, one)
         return [

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from .. import _tracing
 from .._io.aiohttp_client import AiohttpClient
 from .._io.sqlite import AsyncSqliteExecutor
-from .._protocol import messages, publish, round_spec, rounds, sharding, tenants
+from .._protocol import admin, messages, publish, round_spec, rounds, schedules, sharding, tenants
 from .._protocol.checks import check_id, check_int, check_seconds, show
 from .._protocol.core import (
     DEFAULT_DEDUP_WINDOW,
@@ -27,8 +27,8 @@ from .._protocol.core import (
 )
 from .._protocol.http import parse_endpoints, redact, unknown_scheme
 from .._protocol.messages import GivenMessage, Message
-from .._protocol.params import ScheduleSpec
 from .._protocol.round_spec import RoundSpec, lease_lost
+from .._protocol.schedules import ScheduleSpec
 from .._protocol.sharding import ShardList, ShardSpec, check_shard_name, parse_shard_list
 from ..codec import Codec
 from ..errors import InvalidArgument, NothingListens, OutcomeUnknown, Unavailable
@@ -421,17 +421,21 @@ class AsyncTransport:
             catch_up=catch_up,
             start_at=start_at,
         )
-        return await self.router.schedule(self._core.schedule(spec), name, group_id, self._by())
+        return await self.router.schedule(
+            schedules.schedule(self._core, spec), name, group_id, self._by()
+        )
 
     async def unschedule(self, name: str) -> bool:
         """Remove a schedule; False if there was none of that name."""
         removed = await self.router.everywhere(
-            self._core.unschedule(name), self._by(), "unschedule"
+            schedules.unschedule(self._core, name), self._by(), "unschedule"
         )
         return any(removed)
 
     async def schedules(self) -> list[Schedule]:
-        return await self.router.gather(self._core.schedules(), self._by(), sharding.schedules_of)
+        return await self.router.gather(
+            schedules.schedules(self._core), self._by(), sharding.schedules_of
+        )
 
     async def fire_schedules(self) -> int:
         """Publish the ticks that are due (a read, then a write only if some are); returns how
@@ -444,11 +448,13 @@ class AsyncTransport:
     async def hold_group(self, group_id: str) -> None:
         """No claim takes this group until `release_group` (a lease in flight on it finishes
         normally; publishing to it goes on)."""
-        await self.router.on_group(group_id, self._core.hold(group_id), self._by())
+        await self.router.on_group(group_id, admin.hold_group(self._core, group_id), self._by())
 
     async def release_group(self, group_id: str) -> bool:
         """Undo `hold_group`; False if the group was not held."""
-        return await self.router.on_group(group_id, self._core.release(group_id), self._by())
+        return await self.router.on_group(
+            group_id, admin.release_group(self._core, group_id), self._by()
+        )
 
     async def groups(
         self,
@@ -462,8 +468,13 @@ class AsyncTransport:
         """A page of the groups that have messages (and the held ones), in group id order:
         pass the last id of a page as `after` for the next one. Filters: `state` (see
         `GroupInfo.state`), a group id `prefix`, `min_priority`."""
-        plan = self._core.groups(
-            state=state, prefix=prefix, min_priority=min_priority, limit=limit, after=after
+        plan = admin.groups(
+            self._core,
+            state=state,
+            prefix=prefix,
+            min_priority=min_priority,
+            limit=limit,
+            after=after,
         )
         return await self.router.gather(plan, self._by(), sharding.groups_of(limit))
 
@@ -472,14 +483,14 @@ class AsyncTransport:
         transaction, and return how many. A lease in flight on it is fenced: its ack, nack or
         extend raises `LeaseLost`. Messages published after this call are not touched. Not
         resent after a lost reply (that could cancel newer messages): `OutcomeUnknown`."""
-        plan = self._core.cancel_group(group_id, reason)
+        plan = admin.cancel_group(self._core, group_id, reason)
         return await self.router.on_group(group_id, plan, self._by(), empties=True)
 
     async def set_priority(self, group_id: str, priority: int) -> bool:
         """Change the priority (0-4) of a group that has messages; False if it has none (its
         next publish sets its priority). Publishing to a group that has messages keeps its
         priority, whatever the publish says."""
-        plan = self._core.set_priority(group_id, priority)
+        plan = admin.set_priority(self._core, group_id, priority)
         return await self.router.on_group(group_id, plan, self._by())
 
     async def set_tenant(
@@ -531,11 +542,11 @@ class AsyncTransport:
     async def pause(self) -> None:
         """Claims of this queue take nothing until `resume()`, from every client (publishes go
         on; leases in flight finish normally)."""
-        await self.router.everywhere(self._core.set_paused(True), self._by(), "pause")
+        await self.router.everywhere(admin.set_paused(self._core, True), self._by(), "pause")
 
     async def resume(self) -> None:
         """Undo `pause()`."""
-        await self.router.everywhere(self._core.set_paused(False), self._by(), "resume")
+        await self.router.everywhere(admin.set_paused(self._core, False), self._by(), "resume")
 
     async def dead_letters(
         self, limit: int = 100, *, group_id: str | None = None, after: str | None = None
@@ -546,7 +557,7 @@ class AsyncTransport:
         between two pages never make a page repeat or skip one that was there all along)."""
         sharded = self.router.cluster is None  # seqs are per shard: the cursor names one
         cursor = None if after is None else sharding.parse_dead_cursor(after, sharded=sharded)
-        plan = self._core.dead_letters(limit, group_id, cursor)
+        plan = admin.dead_letters(self._core, limit, group_id, cursor)
         merge = sharding.dead_letters_of(limit, cursor)
         if group_id is not None:
             return await self.router.on_group(group_id, plan, self._by(), merge=merge)
@@ -557,24 +568,26 @@ class AsyncTransport:
     ) -> int:
         """Put dead letters back at the tail of their groups: all of them, or those seqs (on
         a sharded queue, of `shard`: seqs are per shard, see `DeadLetter.shard`)."""
-        plan = self._core.requeue_dead(seqs)
+        plan = admin.requeue_dead(self._core, seqs)
         return await self.router.dead(plan, self._by(), seqs=seqs, shard=shard, what="requeue_dead")
 
     async def purge_dead(
         self, seqs: Sequence[int] | None = None, *, shard: str | None = None
     ) -> int:
         """Delete dead letters for good: all of them, or those seqs (of `shard`)."""
-        plan = self._core.purge_dead(seqs)
+        plan = admin.purge_dead(self._core, seqs)
         return await self.router.dead(plan, self._by(), seqs=seqs, shard=shard, what="purge_dead")
 
     async def stats(self) -> Stats:
         """A snapshot of the queue (on a sharded queue, the totals over the shards that
         answered; `Stats.shards_down` names the others)."""
-        return await self.router.gather(self._core.stats(), self._by(), sharding.stats_of)
+        return await self.router.gather(admin.stats(self._core), self._by(), sharding.stats_of)
 
     async def peek(self, group_id: str, limit: int = 10) -> list[tuple[int, Any]]:
         """The next messages of a group, as (seq, event), without leasing them."""
-        return await self.router.on_group(group_id, self._core.peek(group_id, limit), self._by())
+        return await self.router.on_group(
+            group_id, admin.peek(self._core, group_id, limit), self._by()
+        )
 
     async def nodes(self) -> list[NodeView]:
         """The rqlite nodes behind this queue (none for the embedded file): which answer,

@@ -8,10 +8,11 @@ from __future__ import annotations
 import functools
 from typing import TypeVar
 
+from .._protocol import schedules
 from .._protocol.core import QueueCore
 from .._protocol.plan import Plan
+from .._protocol.schedules import ScheduleRow
 from .._protocol.sharding import ShardList
-from .._protocol.sql import ScheduleRow
 from .cluster import AsyncBackend
 from .shard_calls import AsyncShardCalls
 
@@ -36,7 +37,7 @@ class AsyncShardSchedules:
         for other in others:
             calls.check_up(other)
         if others:
-            unschedule = self.core.unschedule(name)
+            unschedule = schedules.unschedule(self.core, name)
             await calls.on_names(unschedule, deadline, f"schedule {name!r}", others)
         return await calls.on(target, plan, deadline)
 
@@ -48,7 +49,7 @@ class AsyncShardSchedules:
 
     async def _fire_on(self, deadline: float, name: str, backend: AsyncBackend) -> int:
         calls, core = self.calls, self.core
-        due = await backend.run(core.due_schedules(), calls.claim_by(deadline))
+        due = await backend.run(schedules.due_schedules(core), calls.claim_by(deadline))
         fire: list[ScheduleRow] = []
         for row in due:
             target, previous = self.shard_list.placement(row.group_id)
@@ -56,6 +57,8 @@ class AsyncShardSchedules:
                 fire.append(row)
             elif target == previous:  # on the group's shard first, then gone from here
                 calls.check_up(target)
-                await calls.backend(target).run(core.put_row(row), deadline)
-                await backend.run(core.unschedule(row.name), deadline)
-        return await backend.run(core.fire(fire), calls.claim_by(deadline)) if fire else 0
+                await calls.backend(target).run(schedules.put_row(core, row), deadline)
+                await backend.run(schedules.unschedule(core, row.name), deadline)
+        return (
+            await backend.run(schedules.fire(core, fire), calls.claim_by(deadline)) if fire else 0
+        )

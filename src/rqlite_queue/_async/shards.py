@@ -14,7 +14,7 @@ import functools
 from collections.abc import Mapping, Sequence
 from typing import TypeVar
 
-from .._protocol import publish
+from .._protocol import publish, shard_tables
 from .._protocol.core import QueueCore
 from .._protocol.messages import NewMessage
 from .._protocol.plan import Plan, Statement
@@ -153,7 +153,7 @@ class AsyncShardRouter:
                 bind_rows=backend.binds_rows,
             )
             try:
-                plan = self.core.guarded(mine, self.shard_list.epoch, held)
+                plan = shard_tables.guarded(self.core, mine, self.shard_list.epoch, held)
                 return await backend.run(plan, deadline)
             except QueueFull as exc:  # this shard's part only: the others may be written
                 return exc
@@ -291,7 +291,7 @@ class AsyncShardRouter:
             epoch = self.shard_list.epoch
 
             def guard(plan: Plan[Round]) -> Plan[Round]:
-                return self.core.guarded(plan, epoch)
+                return shard_tables.guarded(self.core, plan, epoch)
 
         try:
             result = await backend.round(
@@ -317,7 +317,8 @@ class AsyncShardRouter:
         [name] = targets
         self.calls.check_up(name)
         held = await self.moves.still_on_old_shards({m.group_id for m in messages}, deadline)
-        plan = self.core.guarded(
+        plan = shard_tables.guarded(
+            self.core,
             publish.transaction(self.core, statements, messages),
             self.shard_list.epoch,
             sorted(held),

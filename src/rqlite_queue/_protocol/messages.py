@@ -11,14 +11,12 @@ import hashlib
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from ..errors import InvalidArgument, InvalidHeaders
 from ..types import MAX_HEADERS, MAX_HEADERS_BYTES, MAX_PRIORITY, CheckedItems, PublishItem
 from .checks import MAX_SECONDS, check_id, check_int, check_seconds, check_tenant, show
-
-if TYPE_CHECKING:  # (until core.py holds only the configuration)
-    from .core import QueueCore
+from .core import QueueCore
 
 R = TypeVar("R", bound=tuple[Any, ...])
 

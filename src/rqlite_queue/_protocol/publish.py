@@ -17,17 +17,15 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import QueueError, QueueFull, TenantMismatch
 from .checks import show
+from .core import QueueCore
 from .messages import NewMessage
 from .names import Fields, Names, Sql, as_json
 from .plan import Batch, Builder, Plan, Reply, Statement
 from .tenants import BOUNDED, TenantsTurnedOn, int_or_none, turn_on
-
-if TYPE_CHECKING:  # (until core.py holds only the configuration)
-    from .core import QueueCore
 
 PRUNE_CHANCE = 1 / 16
 """Pruning forgotten rows on a sixteenth of the calls that could leave some keeps the tables
@@ -401,7 +399,7 @@ def insert_messages(
         b.add(_RECORD_DEDUP(n), {"until": dedup_until})
     rows = _items_rows(condition, deduplicated)
     upsert = upsert_groups(rows, tenants=not tripwire, delays=delayed)
-    b.add(upsert(n), {"items": items, "now": now})
+    b.add(upsert(n), {"items": items, "now": now} if delayed else {"items": items})
 
 
 # -------------------------------------------------------------- the embedded SQLite's form

@@ -9,16 +9,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from ..errors import InvalidArgument, LeaseLost
 from ..types import MAX_BATCH, MAX_PRIORITY, FollowUps, Lease
 from . import messages
 from .checks import MAX_ID_BYTES, check_bool, check_id, check_int, check_seconds, check_text, show
+from .core import QueueCore
 from .messages import MAX_PUBLISH, NewMessage
-
-if TYPE_CHECKING:  # (until core.py holds only the configuration)
-    from .core import QueueCore
 
 MAX_REASON_BYTES = 64 * 1024
 TOKEN_SUFFIX_BYTES = 64

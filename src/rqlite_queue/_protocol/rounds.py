@@ -17,12 +17,13 @@ import dataclasses
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from ..errors import OutcomeUnknown, QueueError, Unavailable
 from ..group_states import LEASED, PARKED, READY
 from ..types import MAX_PRIORITY, Headers, Lease, Probe, Round
 from .checks import check_int
+from .core import QueueCore
 from .messages import NewMessage
 from .names import Fields, Names, Sql, as_json
 from .plan import Batch, Builder, Known, Plan, Reply, Steps
@@ -31,9 +32,6 @@ from .round_spec import EXTEND, FINISH, GIVE_BACK, CheckedRound, Held, RoundSpec
 from .round_spec import check as check_round
 from .schema import RETIRE_WINDOW
 from .tenants import ALLOWANCE, BUCKET, ROOM, TenantsTurnedOn, float_or_none, turn_on
-
-if TYPE_CHECKING:  # (until core.py holds only the configuration)
-    from .core import QueueCore
 
 TENANTS_ON_ERROR = "NOT NULL constraint failed: {claims}.expires_at"
 """How a claim that assumed tenants off fails once they are on (its claim token's tripwire)."""

@@ -47,15 +47,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ..errors import BackendError, OutcomeUnknown, SchemaError
+from .core import QueueCore
 from .names import Names, Sql, as_json
 from .plan import Batch, Builder, Plan, Reply, Statement, Steps
 from .tenants import BOUNDED, MARK, turn_on
-
-if TYPE_CHECKING:  # (until core.py holds only the configuration)
-    from .core import QueueCore
 
 SCHEMA_VERSION = 6
 RETIRE_WINDOW = 300.0

@@ -34,7 +34,7 @@ from .http import unknown_scheme
 from .messages import NewMessage, scoped_dedup_id
 from .retry import PROBE
 from .round_spec import FINISH, CheckedRound, Settlement
-from .sql import OutboxRow
+from .shard_tables import OutboxRow
 
 T = TypeVar("T")
 

@@ -14,16 +14,14 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import BackendError, InvalidArgument
 from ..types import MAX_BATCH, TenantInfo
 from .checks import check_int, check_tenant, show
+from .core import QueueCore
 from .names import Names, Sql, as_json
 from .plan import Batch, Builder, Plan, Reply, nothing
-
-if TYPE_CHECKING:  # (until core.py holds only the configuration)
-    from .core import QueueCore
 
 PAUSED_UNTIL = 1e15
 """The expiry of the rows of `claims` that are marks, not tokens (the pause, tenants on): far

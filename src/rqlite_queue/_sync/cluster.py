@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
-from .._protocol import publish, refusals, rounds, schema
+from .._protocol import publish, refusals, rounds, schedules, schema
 from .._protocol.core import QueueCore
 from .._protocol.http import STATUS_TIMEOUT, applied_index, parse_nodes
 from .._protocol.messages import MAX_PUBLISH, NewMessage
@@ -407,8 +407,8 @@ class ClusterRouter:
 
     def fire_schedules(self, deadline: float) -> int:
         core = self.backend.core
-        due = self.backend.run(core.due_schedules(), deadline)
-        return self.backend.run(core.fire(due), deadline) if due else 0
+        due = self.backend.run(schedules.due_schedules(core), deadline)
+        return self.backend.run(schedules.fire(core, due), deadline) if due else 0
 
     def dead(
         self, plan: Plan[int], deadline: float, *, seqs: object, shard: str | None, what: str

@@ -11,9 +11,11 @@ import contextlib
 import functools
 from collections.abc import Callable, Sequence
 
+from .._protocol import shard_tables
 from .._protocol.core import QueueCore
+from .._protocol.messages import NewMessage
+from .._protocol.shard_tables import OutboxRow
 from .._protocol.sharding import ShardList, outbox_message
-from .._protocol.sql import NewMessage, OutboxRow
 from .._runtime import Same
 from ..errors import StaleShardList
 from .cluster import Backend
@@ -63,7 +65,7 @@ class Outbox:
         return sum(r for r in results.values() if not isinstance(r, BaseException))
 
     def _forward_from(self, deadline: float, name: str, backend: Backend) -> int:
-        rows = backend.run(self.core.read_outbox(OUTBOX_BATCH), deadline)
+        rows = backend.run(shard_tables.read_outbox(self.core, OUTBOX_BATCH), deadline)
         if not rows:
             return 0
         by_target: dict[str, list[OutboxRow]] = {}
@@ -79,5 +81,5 @@ class Outbox:
                 continue  # stays in the outbox; its group's later rows wait behind it
             done += [row.id for row in part]
         if done:
-            backend.run(self.core.forwarded(done), deadline)
+            backend.run(shard_tables.forwarded(self.core, done), deadline)
         return len(done)

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, TypeVar
 
+from .._protocol.messages import NewMessage
 from .._protocol.plan import Plan, Statement
 from .._protocol.round_spec import CheckedRound
-from .._protocol.sql import NewMessage
 from ..types import NodeView, Round
 from .cluster import Backend, Merge
 

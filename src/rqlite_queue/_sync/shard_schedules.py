@@ -9,10 +9,11 @@ from __future__ import annotations
 import functools
 from typing import TypeVar
 
+from .._protocol import schedules
 from .._protocol.core import QueueCore
 from .._protocol.plan import Plan
+from .._protocol.schedules import ScheduleRow
 from .._protocol.sharding import ShardList
-from .._protocol.sql import ScheduleRow
 from .cluster import Backend
 from .shard_calls import ShardCalls
 
@@ -37,7 +38,7 @@ class ShardSchedules:
         for other in others:
             calls.check_up(other)
         if others:
-            unschedule = self.core.unschedule(name)
+            unschedule = schedules.unschedule(self.core, name)
             calls.on_names(unschedule, deadline, f"schedule {name!r}", others)
         return calls.on(target, plan, deadline)
 
@@ -49,7 +50,7 @@ class ShardSchedules:
 
     def _fire_on(self, deadline: float, name: str, backend: Backend) -> int:
         calls, core = self.calls, self.core
-        due = backend.run(core.due_schedules(), calls.claim_by(deadline))
+        due = backend.run(schedules.due_schedules(core), calls.claim_by(deadline))
         fire: list[ScheduleRow] = []
         for row in due:
             target, previous = self.shard_list.placement(row.group_id)
@@ -57,6 +58,6 @@ class ShardSchedules:
                 fire.append(row)
             elif target == previous:  # on the group's shard first, then gone from here
                 calls.check_up(target)
-                calls.backend(target).run(core.put_row(row), deadline)
-                backend.run(core.unschedule(row.name), deadline)
-        return backend.run(core.fire(fire), calls.claim_by(deadline)) if fire else 0
+                calls.backend(target).run(schedules.put_row(core, row), deadline)
+                backend.run(schedules.unschedule(core, row.name), deadline)
+        return backend.run(schedules.fire(core, fire), calls.claim_by(deadline)) if fire else 0

@@ -15,7 +15,7 @@ import functools
 from collections.abc import Mapping, Sequence
 from typing import TypeVar
 
-from .._protocol import publish
+from .._protocol import publish, shard_tables
 from .._protocol.core import QueueCore
 from .._protocol.messages import NewMessage
 from .._protocol.plan import Plan, Statement
@@ -154,7 +154,7 @@ class ShardRouter:
                 bind_rows=backend.binds_rows,
             )
             try:
-                plan = self.core.guarded(mine, self.shard_list.epoch, held)
+                plan = shard_tables.guarded(self.core, mine, self.shard_list.epoch, held)
                 return backend.run(plan, deadline)
             except QueueFull as exc:  # this shard's part only: the others may be written
                 return exc
@@ -286,7 +286,7 @@ class ShardRouter:
             epoch = self.shard_list.epoch
 
             def guard(plan: Plan[Round]) -> Plan[Round]:
-                return self.core.guarded(plan, epoch)
+                return shard_tables.guarded(self.core, plan, epoch)
 
         try:
             result = backend.round(
@@ -312,7 +312,8 @@ class ShardRouter:
         [name] = targets
         self.calls.check_up(name)
         held = self.moves.still_on_old_shards({m.group_id for m in messages}, deadline)
-        plan = self.core.guarded(
+        plan = shard_tables.guarded(
+            self.core,
             publish.transaction(self.core, statements, messages),
             self.shard_list.epoch,
             sorted(held),
