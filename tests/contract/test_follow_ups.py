@@ -318,8 +318,18 @@ async def test_publish_in_the_callers_connection_is_for_the_embedded_queue(
     await q.publish_many([("g", "x"), ("h", "y")], connection=conn)
     conn.rollback()
     assert [e for _, e in await q.peek("g")] == ["charge"] and await q.peek("h") == []
+    with conn:  # the first write in Python's default transaction mode: it begins one
+        first = await q.publish("g", "first write", connection=conn)
+        conn.execute("INSERT INTO orders VALUES ('cup')")
+    assert (first, "first write") in await q.peek("g")
+    with pytest.raises(RuntimeError), conn:  # ... and an exception in the block takes it back
+        await q.publish("g", "taken back", connection=conn)
+        raise RuntimeError
+    assert "taken back" not in [e for _, e in await q.peek("g")]
+    autocommit = sqlite3.connect(path, isolation_level=None)
     with pytest.raises(InvalidArgument, match="no open transaction"):
-        await q.publish("g", 1, connection=conn)
+        await q.publish("g", 1, connection=autocommit)
+    autocommit.close()
     other = sqlite3.connect(str(tmp_path / "other.db"))
     other.execute("CREATE TABLE t (x)")
     other.execute("INSERT INTO t VALUES (1)")

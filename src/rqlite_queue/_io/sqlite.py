@@ -67,23 +67,32 @@ class SqliteExecutor:
                 cursor.close()
 
     def run_in(self, connection: object, batch: Batch) -> list[Result]:
-        """Run `batch` on the caller's own connection to this file, inside the transaction
-        it has open (a savepoint: a failure takes back only the batch, and the caller's
-        transaction goes on). Refused for a connection to another file, or one with no open
-        transaction (the batch would commit on its own)."""
+        """Run `batch` on the caller's own connection to this file, inside its transaction (a
+        savepoint: a failure takes back only the batch, and the caller's transaction goes
+        on). A connection in Python's default transaction mode with none open yet gets one
+        begun, as an INSERT of the caller's would begin it (the publish is a write of the
+        caller's transaction, which the caller commits or rolls back). Refused for a
+        connection to another file, or one in autocommit mode with no transaction open (the
+        batch would commit on its own)."""
         if not isinstance(connection, sqlite3.Connection):
             raise InvalidArgument(f"connection must be a sqlite3.Connection, got {connection!r}")
-        if not connection.in_transaction:
-            raise InvalidArgument(
-                "the connection has no open transaction: begin one (BEGIN, or a write with "
-                "Python's default isolation level), so that the publish commits with it"
-            )
         files = {row[1]: row[2] for row in connection.execute("PRAGMA database_list")}
         if _same_file(files.get("main", ""), self.path) is False:
             raise InvalidArgument(
                 f"the connection is to {files.get('main') or 'an in-memory database'}, not to "
                 f"the queue's file {self.path}"
             )
+        if not connection.in_transaction:
+            begin = _implicit_begin(connection)
+            if begin is None:
+                raise InvalidArgument(
+                    "the connection is in autocommit mode and has no open transaction: begin "
+                    "one (BEGIN), so that the publish commits with your writes"
+                )
+            try:
+                connection.execute(begin)
+            except sqlite3.Error as exc:
+                raise BackendError(f"sqlite: {exc!r}") from exc
         cursor = connection.cursor()
         try:
             cursor.execute("SAVEPOINT rqlite_queue")
@@ -175,6 +184,19 @@ def _run(cursor: sqlite3.Cursor, batch: Batch) -> list[Result]:
         rows = [list(row) for row in cursor.fetchall()]
         results.append(Result(rows, max(cursor.rowcount, 0), cursor.lastrowid or None))
     return results
+
+
+def _implicit_begin(connection: sqlite3.Connection) -> str | None:
+    """The statement with which Python's sqlite3 begins a transaction before a write of the
+    caller's (its default, legacy transaction control: `isolation_level` "" or "DEFERRED",
+    "IMMEDIATE", "EXCLUSIVE"), or None for a connection in autocommit mode (`isolation_level`
+    None, or Python 3.12's `autocommit=True`; with `autocommit=False` a transaction is always
+    open)."""
+    legacy = getattr(sqlite3, "LEGACY_TRANSACTION_CONTROL", -1)
+    if getattr(connection, "autocommit", legacy) != legacy:
+        return None
+    level = connection.isolation_level
+    return None if level is None else f"BEGIN {level}".strip()
 
 
 def _same_file(main: str, path: str) -> bool:

@@ -198,7 +198,8 @@ class Transport:
         context is added to them (`traceparent`, `tracestate`).
 
         `connection` (the embedded queue): a `sqlite3.Connection` of the caller's to the
-        queue's file, with a transaction open; the publish runs in that transaction, and
+        queue's file, with a transaction open (or in Python's default transaction mode: the
+        publish begins one, as an INSERT would); the publish runs in that transaction, and
         commits or rolls back with the caller's own writes."""
         message = Message(
             group_id=group_id,
