@@ -122,6 +122,8 @@ SHOWN = (READY, LEASED, PARKED, DELAYED)
 """The flows `groups()` shows by name (an empty group is listed only when held)."""
 GROUP_STATES = (*(flow.name for flow in SHOWN), HELD.name)
 """The values of `GroupInfo.state` (and of `groups(state=...)`)."""
+MEANINGS = {**{flow.name: flow.meaning for flow in SHOWN}, HELD.name: HELD.meaning}
+"""What each of GROUP_STATES means (the dashboard shows it)."""
 
 
 def shown(flow: Flow, hold: Hold, until: float, now: float) -> str:

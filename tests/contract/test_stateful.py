@@ -65,7 +65,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from rqlite_queue import Lease, LeaseLost, RqliteTransport, SqliteTransport, Transport
+from rqlite_queue import Lease, LeaseLost, RqliteTransport, SqliteTransport, Transport, group_states
 from rqlite_queue._protocol.schema import RETIRE_WINDOW
 from rqlite_queue.errors import QueueError, QueueFull, TenantMismatch
 from rqlite_queue.testing import Cluster
@@ -80,6 +80,9 @@ HOMES = {"a": "t1", "b": "t1", "c": "t2", "d": "t2"}
 HOME = "home"
 """A publish naming its group's own tenant (HOMES) if the group has no messages, else none
 (it keeps its tenant; a publish naming a tenant costs the library more statements)."""
+
+FLOWS = {flow.name: flow for flow in group_states.FLOWS}
+"""The model's `Group.state` of a busy group (leased, parked) as the table's flow."""
 
 groups = st.sampled_from(GROUPS)
 priorities = st.integers(0, 4)
@@ -746,17 +749,20 @@ class Model:
         for gid in sorted(set(self.groups) | self.held):
             g = self.groups.get(gid)
             if g is None:
-                rows.append((gid, "held", 0))
+                rows.append((gid, group_states.HELD.name, 0))
                 continue
+            # The group's state as the table of states says `groups()` shows it: its hold
+            # first, then its lease, park or delayed head while in force.
             head = g.messages[0]
             if self.busy(g):
-                state, until = g.state, g.until
+                flow, until = FLOWS[g.state], g.until
             elif head.due > self.now:
-                state, until = "delayed", head.due
+                flow, until = group_states.DELAYED, head.due
             else:
-                state, until = "ready", None
-            holder = "w" if state == "leased" else None
-            state = "held" if gid in self.held else state
+                flow, until = group_states.READY, None
+            hold = group_states.HELD if gid in self.held else group_states.FREE
+            state = group_states.shown(flow, hold, until or 0.0, self.now)
+            holder = "w" if flow is group_states.LEASED else None
             rows.append(
                 (gid, g.priority, state, len(g.messages), head.seq, g.attempts, until, holder)
             )

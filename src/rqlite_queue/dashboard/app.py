@@ -29,7 +29,7 @@ from starlette.routing import Match, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .. import AsyncTransport
+from .. import AsyncTransport, group_states
 from ..errors import InvalidArgument, LeaseLost, QueueError, Unavailable
 from ..timefmt import duration, utc
 from ..types import GROUP_STATES, MAX_BATCH, MAX_PRIORITY, TenantInfo
@@ -343,6 +343,7 @@ class _Dashboard:
         return {
             "groups": infos,
             "states": GROUP_STATES,
+            "meanings": group_states.MEANINGS,
             "state": state or "",
             "prefix": prefix or "",
             "min_priority": min_priority,
