@@ -13,7 +13,7 @@ from ..types import GROUP_STATES, MAX_BATCH, MAX_PRIORITY, DeadLetter, GroupInfo
 from .checks import check_id, check_int, show
 from .core import QueueCore
 from .names import Names, Sql, as_json
-from .plan import Batch, Builder, Plan, Reply, nothing
+from .plan import Batch, Builder, Plan, Reply, changed_one, nothing, single
 from .publish import forget_expired, upsert_groups
 from .round_spec import check_reason
 from .schema import RETIRE_WINDOW
@@ -46,9 +46,7 @@ def hold_batch(n: Names, group_id: str, *, now: float) -> Batch:
 
 
 def release_batch(n: Names, group_id: str) -> Batch:
-    b = Builder()
-    b.add(_RELEASE(n), {"g": as_json(group_id)}, slot="released")
-    return b.build()
+    return single(_RELEASE(n), {"g": as_json(group_id)}, slot="released")
 
 
 def hold_group(core: QueueCore, group_id: str) -> Plan[None]:
@@ -57,15 +55,10 @@ def hold_group(core: QueueCore, group_id: str) -> Plan[None]:
 
 
 def release_group(core: QueueCore, group_id: str) -> Plan[bool]:
-    """Whether the group was held (a resend cannot tell: it says so)."""
+    """Whether the group was held."""
     check_id(group_id, "group_id")
     core.now()
-
-    def read(reply: Reply) -> bool:
-        return reply["released"].rows_affected == 1
-
-    batch = release_batch(core.names, group_id)
-    return Plan(batch, read, resend_safe=True, read_resent=lambda reply: True)
+    return changed_one(release_batch(core.names, group_id), "released")
 
 
 # ----------------------------------------------------------------------------- groups
@@ -122,9 +115,9 @@ def groups_batch(
         params["p"] = min_priority
     if state is not None:
         params["state"] = state
-    b = Builder(write=False)
-    b.add(_page(tuple(k for k in _FILTERS if k in params))(n), params, slot="groups")
-    return b.build()
+    return single(
+        _page(tuple(k for k in _FILTERS if k in params))(n), params, slot="groups", write=False
+    )
 
 
 def groups(
@@ -236,9 +229,7 @@ _PRIORITY = Sql("UPDATE {groups} SET priority = :p WHERE group_id = {text.g} AND
 
 
 def priority_batch(n: Names, group_id: str, priority: int) -> Batch:
-    b = Builder()
-    b.add(_PRIORITY(n), {"g": as_json(group_id), "p": priority}, slot="changed")
-    return b.build()
+    return single(_PRIORITY(n), {"g": as_json(group_id), "p": priority}, slot="changed")
 
 
 def set_priority(core: QueueCore, group_id: str, priority: int) -> Plan[bool]:
@@ -493,9 +484,7 @@ _PEEK = Sql("SELECT seq, event FROM {messages} WHERE group_id = {text.g} ORDER B
 
 
 def peek_batch(n: Names, group_id: str, *, limit: int) -> Batch:
-    b = Builder(write=False)
-    b.add(_PEEK(n), {"g": as_json(group_id), "limit": limit}, slot="messages")
-    return b.build()
+    return single(_PEEK(n), {"g": as_json(group_id), "limit": limit}, slot="messages", write=False)
 
 
 def peek(core: QueueCore, group_id: str, limit: int) -> Plan[list[tuple[int, Any]]]:

@@ -115,6 +115,20 @@ class Builder:
         )
 
 
+def single(
+    sql: str,
+    params: Params = (),
+    *,
+    slot: str | None = None,
+    write: bool = True,
+    local: bool = False,
+) -> Batch:
+    """A batch of one statement (`slot`: its name for the reader)."""
+    b = Builder(write=write, local=local)
+    b.add(sql, params, slot=slot)
+    return b.build()
+
+
 @dataclass(frozen=True, slots=True)
 class Result:
     """One statement's outcome, the same shape from every backend."""
@@ -200,3 +214,13 @@ error), and returns the operation's result."""
 def nothing(reply: Reply) -> None:
     """The reading of a plan whose reply says nothing the caller needs."""
     return None
+
+
+def changed_one(batch: Batch, slot: str) -> Plan[bool]:
+    """Whether the statement in `slot` changed a row (a release, a removal). Safe to resend;
+    a resend cannot tell whether its first send did it, and says it did."""
+
+    def read(reply: Reply) -> bool:
+        return reply[slot].rows_affected == 1
+
+    return Plan(batch, read, resend_safe=True, read_resent=lambda reply: True)

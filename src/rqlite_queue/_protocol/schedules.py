@@ -14,7 +14,7 @@ from .checks import MAX_SECONDS, check_bool, check_id, check_seconds
 from .core import QueueCore
 from .messages import Message, checked_message
 from .names import Fields, Names, Sql, as_json
-from .plan import NOTHING, Batch, Builder, Plan, Reply, nothing
+from .plan import NOTHING, Batch, Builder, Plan, Reply, changed_one, nothing, single
 from .publish import forget_expired, upsert_groups
 from .tenants import float_or_none
 
@@ -121,9 +121,7 @@ def put_batch(n: Names, row: ScheduleRow, *, now: float) -> Batch:
 
 
 def drop_batch(n: Names, name: str) -> Batch:
-    b = Builder()
-    b.add(_DROP(n), {"name": as_json(name)}, slot="removed")
-    return b.build()
+    return single(_DROP(n), {"name": as_json(name)}, slot="removed")
 
 
 def list_batch(n: Names, *, due_by: float | None = None, limit: int = 1000) -> Batch:
@@ -138,19 +136,13 @@ def list_batch(n: Names, *, due_by: float | None = None, limit: int = 1000) -> B
 
 
 def read_schedules(reply: Reply) -> list[ScheduleRow]:
-    return [
-        ScheduleRow(
-            str(r[0]),
-            str(r[1]),
-            str(r[2]),
-            int(r[3]),
-            float_or_none(r[4]),
-            None if r[5] is None else str(r[5]),
-            bool(r[6]),
-            float(r[7]),
-        )
-        for r in reply["schedules"].rows
-    ]
+    """The rows, typed: the columns of `ScheduleRow` in its order."""
+    rows = []
+    for name, group, event, priority, every, cron, catch_up, next_at in reply["schedules"].rows:
+        cron_text = None if cron is None else str(cron)
+        typed = (str(name), str(group), str(event), int(priority), float_or_none(every))
+        rows.append(ScheduleRow(*typed, cron_text, bool(catch_up), float(next_at)))
+    return rows
 
 
 # Every statement of a fire checks that the schedule's next tick is still the one read (`due`):
@@ -231,15 +223,10 @@ def _schedule(core: QueueCore, row: ScheduleRow) -> Schedule:
 
 
 def unschedule(core: QueueCore, name: str) -> Plan[bool]:
-    """Whether there was a schedule of that name (a resend cannot tell: it says so)."""
+    """Whether there was a schedule of that name."""
     check_id(name, "name")
     core.now()
-
-    def read(reply: Reply) -> bool:
-        return reply["removed"].rows_affected == 1
-
-    batch = drop_batch(core.names, name)
-    return Plan(batch, read, resend_safe=True, read_resent=lambda reply: True)
+    return changed_one(drop_batch(core.names, name), "removed")
 
 
 def schedules(core: QueueCore) -> Plan[list[Schedule]]:
