@@ -337,12 +337,11 @@ def _cell(values: list[float]) -> str:
 
 def report(samples: dict[str, Sample], args: argparse.Namespace, when: str) -> str:
     floor = samples["bare write, 1 UPDATE"]
-    pprof = f" --pprof {args.pprof}" if args.pprof else ""
+    command = " ".join(["python bench/statement_cost.py", *sys.argv[1:]])
     lines = [
         "# What a write costs rqlite, statement by statement",
         "",
-        f"`python bench/statement_cost.py --requests {args.requests} --repeats "
-        f"{args.repeats}{pprof}`, {when}. One fresh local 3-node cluster (rqlited default Raft "
+        f"`{command}`, {when}. One fresh local 3-node cluster (rqlited default Raft "
         "timeouts, data on /dev/shm), every request to the leader over urllib3, one at a time. "
         "Backlog: 20,000 messages in 2,000 groups. Medians [min-max] over the repetitions "
         "(each the median of its requests, or the mean for CPU).",
@@ -404,6 +403,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--compile", action="store_true", help="also SQLite's compile costs")
     parser.add_argument("--compile-runs", type=int, default=20)
     parser.add_argument("--only-variants", action="store_true", help="the variants' rows only")
+    parser.add_argument("--out", default=str(RESULTS))
     args = parser.parse_args(argv)
     names = [
         "bare write, 1 UPDATE",
@@ -449,7 +449,7 @@ def main(argv: list[str]) -> int:
             + compile_costs(args.compile_runs)
         )
     print(text)
-    RESULTS.write_text(text)
+    Path(args.out).write_text(text)
     return 0
 
 

@@ -144,7 +144,7 @@ def _current(
 
 
 def publishing(queue: str, messages: Sequence[Any]) -> Any:
-    """The span of a publish of `messages` (`params.GivenMessage`), current while it runs (the
+    """The span of a publish of `messages` (`messages.GivenMessage`), current while it runs (the
     messages checked within it carry its context), or None when tracing is off."""
     tr = tracer()
     if tr is None:

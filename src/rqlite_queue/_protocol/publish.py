@@ -656,16 +656,20 @@ def plan(
             return plan(core, messages, tenants_on=True, bind_rows=bind_rows)
         return None
 
-    # Only dedup ids make a second send harmless: it then finds the ids and inserts nothing.
-    every_message_deduplicated = all(m.dedup_id is not None for m in messages)
     named = not plain and any(m.tenant is not None for m in unique)
     return Plan(
         batch,
         read,
-        resend_safe=every_message_deduplicated,
+        resend_safe=resend_safe(messages),
         tenants_on=named,
         instead=instead,
     )
+
+
+def resend_safe(messages: Sequence[NewMessage]) -> bool:
+    """Whether a publish of `messages` may be sent again after its reply was lost: only dedup
+    ids make a second send harmless (it then finds the ids and inserts nothing)."""
+    return all(m.dedup_id is not None for m in messages)
 
 
 def _folded(messages: Sequence[NewMessage]) -> tuple[list[NewMessage], list[int]]:

@@ -77,7 +77,7 @@ class Backend:
         self.skew = skew
         self.binds_rows = binds_rows
         """Whether a publish's rows go as bound parameters (the embedded SQLite binds them for
-        less than it parses JSON) or as one JSON text (rqlite: `sql.publish`)."""
+        less than it parses JSON) or as one JSON text (rqlite: `publish.publish`)."""
         self.schema_checked = False
         self.resent = 0
         """Batches sent again after an unknown outcome (for tests and metrics)."""
@@ -374,9 +374,7 @@ class ClusterRouter:
             return [self._outcome(messages, deadline) for messages, deadline in calls]
         except OutcomeUnknown as exc:
             return [
-                self._outcome(messages, deadline)
-                if all(m.dedup_id is not None for m in messages)
-                else exc
+                self._outcome(messages, deadline) if publish.resend_safe(messages) else exc
                 for messages, deadline in calls
             ]
         except QueueError as exc:  # unavailable, closed...: what each call would have met
