@@ -51,6 +51,10 @@ class _MakeRow(Protocol):
 
 _new_row: _MakeRow = tuple.__new__
 """Makes a named tuple from a tuple of all its fields, without its `__new__`'s call."""
+_CHECKED = NewMessage._fields.index("headers") + 1
+_LATER = tuple(NewMessage._field_defaults[f] for f in NewMessage._fields[_CHECKED:])
+"""The defaults of the fields of `NewMessage` after those `checked_message` sets (none yet):
+a field added at its end needs no change here."""
 
 MAX_PUBLISH = 100_000
 """Most messages in one publish_many."""
@@ -171,7 +175,7 @@ def checked_message(
         headers = None if trace is None else trace.text
     return _new_row(  # (`tuple.__new__`: a third of what the named tuple's own costs)
         NewMessage,
-        (group_id, text, priority, dedup, due, expires, tenant, debounce, due_by, headers),
+        (group_id, text, priority, dedup, due, expires, tenant, debounce, due_by, headers, *_LATER),
     )
 
 
