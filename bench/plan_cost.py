@@ -9,7 +9,13 @@ Each version runs from its own `git worktree` (as bench/before_after.py makes th
 process of its own; the child finds the version's API (the protocol by family, or the core's
 methods before it). Per repetition the two versions run back to back, in an order that
 alternates; a cell is the least time of `--runs` timeit runs, in microseconds per plan; the
-ratio is after/before within each repetition. Writes bench/results/plan_cost.md."""
+ratio is after/before within each repetition. Writes bench/results/plan_cost.md.
+
+With `--instructions`, each plan's cost is counted in instructions instead (valgrind's
+callgrind, which counts the same on a busy machine: the difference between 1 + `--count`
+and 1 plans, over `--count`), once per version: steady where a shared machine's clock swings.
+
+    .venv/bin/python bench/plan_cost.py --before fb162d1 --instructions --count 200"""
 
 from __future__ import annotations
 
@@ -30,7 +36,7 @@ from rqlite_queue import Lease
 from rqlite_queue._protocol.core import QueueCore
 from rqlite_queue._protocol.http import request_for
 
-runs = int(sys.argv[1])
+runs, op, count = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 tokens = itertools.count()
 core = QueueCore(queue="bench", clock=lambda: 1.8e9, token=lambda: str(next(tokens)),
                  chance=lambda: 0.9)
@@ -67,6 +73,11 @@ ops = {
     "publish()": (lambda: publish_plan([("g1", {"a": 1})]), 3000),
     "publish_many(1,000)": (lambda: publish_plan(many), 30),
 }
+if op:  # (counted from outside: this op, `count` times after one)
+    make = ops[op][0]
+    for _ in range(1 + count):
+        request_for(make().batch)
+    raise SystemExit(0)
 out = {}
 for name, (make, number) in ops.items():
     def once(make=make):
@@ -74,6 +85,7 @@ for name, (make, number) in ops.items():
     once()
     out[name] = min(timeit.repeat(once, number=number, repeat=runs)) / number * 1e6
 print(json.dumps(out))
+print(json.dumps(list(ops)), file=sys.stderr)
 """
 
 
@@ -83,6 +95,8 @@ def main() -> int:
     parser.add_argument("--after", default=None, help="default: the working tree")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--instructions", action="store_true", help="count them (valgrind)")
+    parser.add_argument("--count", type=int, default=200)
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "plan_cost.md"))
     args = parser.parse_args()
     results: dict[str, dict[str, list[float]]] = {"before": {}, "after": {}}
@@ -92,9 +106,14 @@ def main() -> int:
             worktree(args.after, Path(tmp) / "after") / "src" if args.after else ROOT / "src"
         )
         try:
+            if args.instructions:
+                text = instructions(trees, args)
+                Path(args.out).write_text(text)
+                print(text)
+                return 0
             for rep in range(args.reps):
                 for version in ["before", "after"] if rep % 2 == 0 else ["after", "before"]:
-                    child = run_child(trees[version], CHILD, [str(args.runs)])
+                    child = run_child(trees[version], CHILD, [str(args.runs), "", "0"])
                     for name, us in json.loads(child.stdout.strip().splitlines()[-1]).items():
                         results[version].setdefault(name, []).append(us)
                     print(f"rep {rep + 1} {version}: done", flush=True)
@@ -130,6 +149,62 @@ def main() -> int:
     Path(args.out).write_text(text)
     print(text)
     return 0
+
+
+def instructions(trees: dict[str, Path], args: argparse.Namespace) -> str:
+    """Instructions per plan of each version, counted by callgrind."""
+    import os
+    import re
+
+    ops = json.loads(
+        run_child(trees["after"], CHILD, ["1", "", "0"]).stderr.strip().splitlines()[-1]
+    )
+
+    def counted(src: Path, op: str, count: int) -> int:
+        ran = subprocess.run(
+            [
+                "valgrind",
+                "--tool=callgrind",
+                "--callgrind-out-file=/dev/null",
+                sys.executable,
+                "-c",
+                CHILD,
+                "1",
+                op,
+                str(count),
+            ],
+            env={**os.environ, "PYTHONPATH": str(src)},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        found = re.search(r"Collected : (\d+)", ran.stderr)
+        if found is None:
+            raise SystemExit(f"callgrind said nothing countable:\n{ran.stderr[-2000:]}")
+        return int(found.group(1))
+
+    lines = [
+        "# Making a plan, before and after: instructions",
+        "",
+        f"`{' '.join(['bench/plan_cost.py', *sys.argv[1:]])}`, "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: before = `{args.before}`, "
+        f"after = `{args.after or 'working tree'}`. Instructions per plan (callgrind: the "
+        f"difference between 1 + {args.count} plans and 1, over {args.count}), each plan made "
+        "and serialised as the rqlite client sends it.",
+        "",
+        "| plan | before | after | after/before |",
+        "| --- | --- | --- | --- |",
+    ]
+    for op in ops:
+        per = {}
+        for version in ("before", "after"):
+            many = counted(trees[version], op, args.count)
+            one = counted(trees[version], op, 0)
+            per[version] = (many - one) / args.count
+            print(f"{op} {version}: {per[version]:,.0f} instructions a plan", flush=True)
+        ratio = per["after"] / per["before"]
+        lines.append(f"| {op} | {per['before']:,.0f} | {per['after']:,.0f} | {ratio:.2f} |")
+    return "\n".join(lines) + "\n"
 
 
 def _cell(values: list[float], fmt: str) -> str:

@@ -201,10 +201,11 @@ def _publish_one(general: bool) -> Callable[[], Batch]:
         rows = publish._items_rows(publish.ALWAYS, False)
         upsert = publish.upsert_groups(rows, tenants=True, delays=True)(core.names)
         last = len(batch.statements) - 1
-        statements = (
-            *batch.statements[:last],
-            dataclasses.replace(batch.statements[last], sql=upsert),
+        given = dict(batch.statements[last].params)  # (the general form reads the time too)
+        general_upsert = dataclasses.replace(
+            batch.statements[last], sql=upsert, params={**given, "now": core.clock()}
         )
+        statements = (*batch.statements[:last], general_upsert)
         return Batch(statements, batch.write, batch.local, batch.slots, batch.returning, True)
 
     return make
@@ -248,11 +249,6 @@ def compile_costs(runs: int) -> str:
             "with the tenant lookup",
         ),
         "the probe": (rounds._probe(False, False), rounds._probe(False, True), "tenants off"),
-        "an ack's freed group": (
-            rounds._finished_one(False),
-            rounds._finished_one(True),
-            "no hold",
-        ),
     }
     lines = [
         "| statement | variant | variant us | general us | variant / general |",

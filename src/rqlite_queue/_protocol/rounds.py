@@ -203,22 +203,19 @@ _FREED = Sql(
 )
 
 
-@functools.cache
-def _finished(holds: bool) -> Sql:
-    """The finished leases' groups freed (`d`: the due of its new head), held after where the
-    settlement says so (`holds`: one of them does)."""
-    return Sql(
-        """
-        UPDATE {groups} AS g SET {freed}{held} FROM (
-          SELECT {j.group_id} i, {j.token} t, {j.seq} q, {j.hold} h, (
-            SELECT due FROM {messages} m WHERE m.group_id = {j.group_id} ORDER BY seq LIMIT 1) d
-          FROM json_each(:done) j)
-        WHERE g.group_id = i AND g.token = t AND g.head = q
-        """,
-        j=FINISHED,
-        freed=_FREED,
-        held=", held = max(held, h)" if holds else "",
-    )
+# The finished leases' groups freed (`d`: the due of its new head), held after where the
+# settlement says so (`h`).
+_FINISHED = Sql(
+    """
+    UPDATE {groups} AS g SET {freed}, held = max(held, h) FROM (
+      SELECT {j.group_id} i, {j.token} t, {j.seq} q, {j.hold} h, (
+        SELECT due FROM {messages} m WHERE m.group_id = {j.group_id} ORDER BY seq LIMIT 1) d
+      FROM json_each(:done) j)
+    WHERE g.group_id = i AND g.token = t AND g.head = q
+    """,
+    j=FINISHED,
+    freed=_FREED,
+)
 
 
 _EXPIRED = Sql("""UPDATE {meta} SET value = value + :k WHERE "key" = 'expired'""")
@@ -253,7 +250,7 @@ def _settle(b: Builder, n: Names, s: Settle, now: float) -> None:
             b.add(_DEAD(n), {"dead": dead, "now": now})
         b.add(_DONE(n), {"done": done})
         params = {"done": done, "retire": now + RETIRE_WINDOW, "now": now}
-        b.add(_finished(bool(s.hold))(n), params, slot="finished")
+        b.add(_FINISHED(n), params, slot="finished")
     if s.expired:
         b.add(_EXPIRED(n), {"k": s.expired})
     if s.give_back or s.extend:
@@ -297,17 +294,14 @@ _DEAD_ONE = Sql(
 _DONE_ONE = Sql("DELETE FROM {messages} WHERE seq = :q AND {holds}", holds=_HOLDS_ONE)
 
 
-@functools.cache
-def _finished_one(holds: bool) -> Sql:
-    return Sql(
-        """
-        UPDATE {groups} SET {freed}{held} FROM (
-          SELECT (SELECT due FROM {messages} WHERE group_id = :g ORDER BY seq LIMIT 1) d)
-        WHERE group_id = :g AND token = :t AND head = :q
-        """,
-        freed=_FREED,
-        held=", held = max(held, :h)" if holds else "",
-    )
+_FINISHED_ONE = Sql(
+    """
+    UPDATE {groups} SET {freed}, held = max(held, :h) FROM (
+      SELECT (SELECT due FROM {messages} WHERE group_id = :g ORDER BY seq LIMIT 1) d)
+    WHERE group_id = :g AND token = :t AND head = :q
+    """,
+    freed=_FREED,
+)
 
 
 _CHANGED_ONE = Sql(
@@ -330,9 +324,8 @@ def _settle_one(b: Builder, n: Names, s: Settle, now: float) -> None:
         if s.dead:
             b.add(_DEAD_ONE(n), {**lease, "reason": s.dead[held.seq], "now": now})
         b.add(_DONE_ONE(n), lease)
-        holds = held.seq in s.hold
-        params = {**lease, "retire": now + RETIRE_WINDOW, "now": now, **({"h": 1} if holds else {})}
-        b.add(_finished_one(holds)(n), params, slot="finished")
+        params = {**lease, "h": int(held.seq in s.hold), "retire": now + RETIRE_WINDOW, "now": now}
+        b.add(_FINISHED_ONE(n), params, slot="finished")
     if s.expired:
         b.add(_EXPIRED(n), {"k": s.expired})
     if s.give_back or s.extend:
