@@ -82,6 +82,7 @@ class Backend:
         self.resent = 0
         """Batches sent again after an unknown outcome (for tests and metrics)."""
         self._closed = False
+        self._fences: dict[bool, tuple[Statement, str | None]] = {}
         self.known = Known()
         """What this client has learnt of the cluster's queue: whether its tenants are on
         (from claims' and probes' replies, and from calls that turn them on), and which claim
@@ -170,9 +171,11 @@ class Backend:
         return plan.read(self._checked(batch, results))
 
     def _fenced(self, batch: Batch) -> Batch:
-        """`batch` with the schema fence at its end (`schema.fence`)."""
-        statement, slot = schema.fence(self.core.names, batch.write)
-        return batch.last(statement, slot)
+        """`batch` with the schema fence at its end (`schema.fence`, made once a backend)."""
+        fence = self._fences.get(batch.write)
+        if fence is None:
+            fence = self._fences[batch.write] = schema.fence(self.core.names, batch.write)
+        return batch.last(*fence)
 
     def _checked(self, batch: Batch, results: list[Result]) -> Reply:
         """The reply, once a fenced read's version is checked (a write's fence fails it)."""
