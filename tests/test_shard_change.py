@@ -249,6 +249,29 @@ def test_a_group_held_while_its_old_shard_delivers_its_last_message_is_released(
         assert moved is not None and (moved.shard, moved.event) == ("c", "on the new shard")
 
 
+def test_cancelling_a_moving_group_on_its_old_shard_lets_its_new_shard_serve_it(
+    tmp_path: Path,
+) -> None:
+    """A cancel empties the group where its messages are (the old shard): the hold that kept
+    its new shard waiting for them is released by that call (the plan says it may empty its
+    group: `Plan.empties_group`), not left to a Worker's sweep."""
+    a, c = (f"sqlite:///{tmp_path}/{name}.db" for name in "ac")
+    joining = f"epoch=1;a={a};+c={c}"
+    group = next(g for g in GROUPS if home(g, ["a", "c"]) == "c")
+    with (
+        ShardedTransport(f"a={a}", queue="cancel") as old,
+        ShardedTransport(joining, queue="cancel") as q,
+    ):
+        old.setup()
+        old.publish(group, "on the old shard")
+        q.publish(group, "on the new shard")
+        assert {s.name: s.waiting for s in q.shard_status()} == {"a": 0, "c": 1}
+        assert q.cancel_group(group, "reset") == 1
+        assert {s.name: s.waiting for s in q.shard_status()} == {"a": 0, "c": 0}
+        lease = q.claim("w", 30)
+        assert lease is not None and (lease.shard, lease.event) == ("c", "on the new shard")
+
+
 def test_a_drained_shard_empties_and_can_be_removed(three: list[str]) -> None:
     a, b, c = three
     start = f"a={a};b={b};c={c}"

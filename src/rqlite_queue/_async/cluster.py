@@ -319,13 +319,7 @@ class AsyncClusterRouter:
         await self.backend.setup(deadline)
 
     async def on_group(
-        self,
-        group_id: str,
-        plan: Plan[T],
-        deadline: float,
-        *,
-        merge: Merge[T] | None = None,
-        empties: bool = False,
+        self, group_id: str, plan: Plan[T], deadline: float, *, merge: Merge[T] | None = None
     ) -> T:
         return await self.backend.run(plan, deadline)
 

@@ -44,16 +44,10 @@ class AsyncRouter(Protocol):
         ...
 
     async def on_group(
-        self,
-        group_id: str,
-        plan: Plan[T],
-        deadline: float,
-        *,
-        merge: Merge[T] | None = None,
-        empties: bool = False,
+        self, group_id: str, plan: Plan[T], deadline: float, *, merge: Merge[T] | None = None
     ) -> T:
-        """Where the group's messages are. `empties`: the call may leave a moving group with
-        none on its old shard."""
+        """Where the group's messages are (merged by `merge`, if given, as `gather` merges).
+        A plan that `empties_group` may let a moving group's new shard serve it."""
         ...
 
     async def everywhere(self, plan: Plan[T], deadline: float, what: str) -> list[T]:

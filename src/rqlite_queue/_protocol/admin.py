@@ -221,7 +221,7 @@ def cancel_group(core: QueueCore, group_id: str, reason: str) -> Plan[int]:
     reason = check_reason(reason)
     batch = cancel_batch(core.names, group_id, reason, now=core.now())
     # Not resent: a second application would also cancel what was published since.
-    return Plan(batch, lambda reply: reply["cancelled"].rows_affected)
+    return Plan(batch, lambda reply: reply["cancelled"].rows_affected, empties_group=True)
 
 
 # A group with messages (an empty group's next publish sets its priority afresh).

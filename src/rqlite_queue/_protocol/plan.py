@@ -179,6 +179,9 @@ class Plan(Generic[T]):
     first checks that its cluster's clock is close enough to this client's for them."""
     tenants_on: bool = False
     """Once applied, the queue's tenants are on (its claims share by weight from then on)."""
+    empties_group: bool = False
+    """It may leave its group with no messages (a cancel): on a sharded queue, a group moving
+    between shards then lets its new shard serve it."""
     instead: Callable[[QueueError], Plan[T] | None] | None = None
     """When the batch is refused (a guard statement's typed error: `refusals.refined`), the
     plan to run in its place (None: the error stands)."""

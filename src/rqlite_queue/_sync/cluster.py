@@ -319,13 +319,7 @@ class ClusterRouter:
         self.backend.setup(deadline)
 
     def on_group(
-        self,
-        group_id: str,
-        plan: Plan[T],
-        deadline: float,
-        *,
-        merge: Merge[T] | None = None,
-        empties: bool = False,
+        self, group_id: str, plan: Plan[T], deadline: float, *, merge: Merge[T] | None = None
     ) -> T:
         return self.backend.run(plan, deadline)
 

@@ -479,7 +479,7 @@ class Transport:
         extend raises `LeaseLost`. Messages published after this call are not touched. Not
         resent after a lost reply (that could cancel newer messages): `OutcomeUnknown`."""
         plan = admin.cancel_group(self._core, group_id, reason)
-        return self.router.on_group(group_id, plan, self._by(), empties=True)
+        return self.router.on_group(group_id, plan, self._by())
 
     def set_priority(self, group_id: str, priority: int) -> bool:
         """Change the priority (0-4) of a group that has messages; False if it has none (its

@@ -106,19 +106,17 @@ class ShardRouter:
     # ------------------------------------------------------------------------ routes
 
     def on_group(
-        self,
-        group_id: str,
-        plan: Plan[T],
-        deadline: float,
-        *,
-        merge: Merge[T] | None = None,
-        empties: bool = False,
+        self, group_id: str, plan: Plan[T], deadline: float, *, merge: Merge[T] | None = None
     ) -> T:
-        """On the shard that has the group's messages. `empties`: the call may leave a moving
-        group with none on its old shard, which then lets its new shard serve it."""
+        """On the shard that has the group's messages. A plan that `empties_group` may leave a
+        moving group with none on its old shard, which then lets its new shard serve it."""
         name = self.moves.locate(group_id, deadline)
         result = self.calls.on(name, plan, deadline)
-        if empties and self.shard_list.changing and name != self.shard_list.shard_of(group_id):
+        if (
+            plan.empties_group
+            and self.shard_list.changing
+            and name != self.shard_list.shard_of(group_id)
+        ):
             self.moves.release_if_gone({group_id}, deadline)
         return merge({name: result}, []) if merge is not None else result
 
