@@ -4,6 +4,7 @@ least client CPU per request of the async clients measured in `bench/http_client
 from __future__ import annotations
 
 import json
+import random
 import ssl
 import time
 from collections.abc import Callable
@@ -45,6 +46,8 @@ class AiohttpClient(AsyncRqliteClient):
             timeout=timeout,
             skew_warning=skew_warning,
             clock=clock,
+            monotonic=time.monotonic,
+            random=random.random,
             refused_timeout=refused_timeout,
         )
         self._ssl: ssl.SSLContext | bool = True

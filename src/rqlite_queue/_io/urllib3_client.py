@@ -4,6 +4,7 @@ client CPU per request of the sync clients measured in `bench/http_clients.py`."
 from __future__ import annotations
 
 import json
+import random
 import ssl
 import time
 from collections.abc import Callable
@@ -52,6 +53,8 @@ class Urllib3Client(RqliteClient):
             timeout=timeout,
             skew_warning=skew_warning,
             clock=clock,
+            monotonic=time.monotonic,
+            random=random.random,
             refused_timeout=refused_timeout,
         )
         self._headers = request_headers(endpoints)

@@ -6,38 +6,18 @@ generated from it (`scripts/gen_sync.py`). The request itself is the HTTP librar
 
 from __future__ import annotations
 
-import random
 import time
-from collections.abc import Callable
 from typing import Any
 
 from .._protocol.backup import Transfer, transfer
-from .._protocol.http import ClientState, Endpoints, Outcome, Send
+from .._protocol.http import ClientState, Outcome, Send
 from .._protocol.plan import Batch, Result
 
 
 class RqliteClient(ClientState):
-    """Sends each batch to one node of the cluster, moving on when a node fails. The clocks
-    and the jitter of the protocol (which has none of its own) are this module's."""
-
-    def __init__(
-        self,
-        endpoints: Endpoints,
-        *,
-        timeout: float,
-        skew_warning: float = 1.0,
-        clock: Callable[[], float] = time.time,
-        refused_timeout: float | None = None,
-    ) -> None:
-        super().__init__(
-            endpoints,
-            timeout=timeout,
-            skew_warning=skew_warning,
-            clock=clock,
-            monotonic=time.monotonic,
-            random=random.random,
-            refused_timeout=refused_timeout,
-        )
+    """Sends each batch to one node of the cluster, moving on when a node fails, with the
+    clocks and the jitter that the HTTP library's client gives `ClientState` (the protocol has
+    none of its own)."""
 
     def execute(
         self,
