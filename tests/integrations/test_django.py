@@ -174,7 +174,13 @@ def run_scenario(
         with pytest.raises(NotImplementedError):
             tasks.step.get_result(flaky.id)
 
-    # A graceful stop: SIGTERM, running tasks finish, exit 0.
+    # A graceful stop: SIGTERM, running tasks finish, exit 0 (once it has started: its line
+    # comes once its handlers are set; a SIGTERM during Django's imports is the default's).
+    wait_for(
+        lambda: re.search(rf"\(worker \S+-{second}, ", log.read_text()) is not None,
+        60,
+        "the second worker never started: " + log.read_text()[-3000:],
+    )
     proc = next(p for p in processes.started if p.pid == second)
     proc.terminate()
     assert proc.wait(30) == 0
@@ -208,6 +214,32 @@ def test_django_tasks_on_a_3_node_cluster_with_a_leader_kill(
         cluster.leader().kill()
 
     run_scenario(django_setup, cluster.url, tmp_path, processes, during=kill_the_leader)
+
+
+def test_a_worker_stopped_while_it_connects_leaves_at_once(
+    tmp_path: Path, processes: Processes
+) -> None:
+    """SIGTERM while the worker waits for a cluster that is not up: exit 0 at once, no
+    traceback (it was killed by the signal's default action before its workers ran)."""
+    from rqlite_queue.testing import free_port
+
+    events = tmp_path / "events.log"
+    env = {
+        **os.environ,
+        "TEST_TASKS_URL": f"http://127.0.0.1:{free_port()}",
+        "TEST_EVENTS": str(events),
+        "PYTHONPATH": os.pathsep.join([str(PROJECT), os.environ.get("PYTHONPATH", "")]),
+    }
+    log = tmp_path / "worker.log"
+    pid = processes.start(worker_argv(), cwd=PROJECT, env=env, log=log)
+    wait_for(lambda: bool(lines(events, "ready")), 60, "Django never started")
+    time.sleep(1.0)  # (past the command's start: it waits up to 30 s for the cluster)
+    proc = next(p for p in processes.started if p.pid == pid)
+    began = time.monotonic()
+    proc.terminate()
+    assert proc.wait(10) == 0, log.read_text()[-3000:]
+    assert time.monotonic() - began < 5
+    assert "Traceback" not in log.read_text()
 
 
 def test_validate_task_refuses_what_the_backend_cannot_run(

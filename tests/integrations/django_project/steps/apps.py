@@ -1,3 +1,5 @@
+import os
+
 from django.apps import AppConfig
 
 
@@ -6,3 +8,7 @@ class StepsConfig(AppConfig):
 
     def ready(self) -> None:
         from . import signals  # noqa: F401
+        from .tasks import note
+
+        if os.environ.get("TEST_EVENTS"):
+            note("ready", "django", 0, os.getpid(), 0)

@@ -44,6 +44,29 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        # SIGTERM and Ctrl-C stop it gracefully from the start: while it connects (a cluster
+        # that is not up yet), it leaves at once with nothing to give back; then its workers
+        # wind down.
+        stopping = threading.Event()
+        workers: list[Worker] = []
+
+        def stop(signum: int, frame: object) -> None:
+            stopping.set()
+            if not workers:
+                raise SystemExit(0)
+            for worker in workers:
+                worker.stop()
+
+        previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            workers.extend(self._workers(options))
+            if not stopping.is_set():
+                self._run(workers, stopping, until_empty=options["until_empty"])
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    def _workers(self, options: dict[str, Any]) -> list[Worker]:
         alias = options["backend"]
         backend = task_backends[alias]
         if not isinstance(backend, RqliteQueueBackend):
@@ -79,30 +102,23 @@ class Command(BaseCommand):
         ]
         self.stdout.write(
             f"rqlite_queue_worker: {', '.join(queues)} on {backend.url} "
-            f"(concurrency {concurrency}, max attempts {max_attempts})"
+            f"(worker {worker_id}, concurrency {concurrency}, max attempts {max_attempts})"
         )
-        until_empty = options["until_empty"]
-        if len(workers) == 1:
-            workers[0].run(until_empty=until_empty)
-            return
+        return workers
+
+    @staticmethod
+    def _run(workers: list[Worker], stopping: threading.Event, *, until_empty: bool) -> None:
+        """Each queue's Worker in a thread of its own until all have stopped."""
         threads = [
             threading.Thread(
                 target=w.run, kwargs={"handle_signals": False, "until_empty": until_empty}
             )
             for w in workers
         ]
-
-        def stop(signum: int, frame: object) -> None:
-            for worker in workers:
-                worker.stop()
-
-        previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
-        try:
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                while thread.is_alive():
-                    thread.join(0.5)
-        finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
+        for thread in threads:
+            thread.start()
+        for worker, thread in zip(workers, threads, strict=True):
+            while thread.is_alive():
+                if stopping.is_set():  # (again: a stop made before its run began is lost)
+                    worker.stop()
+                thread.join(0.5)
