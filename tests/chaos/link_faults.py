@@ -11,7 +11,11 @@ what the proxies really lost: the producer has links of its own (so what they cu
 alone), publishes without dedup ids and counts its `OutcomeUnknown`s; the Workers count theirs
 (a round trip that failed with it); the proxies count, per fault, the HTTP messages they were
 given and dropped (`tally` in front of the dropping toxic), the replies they broke off (`cut`),
-and the Raft link's chunks (a forwarded request lost there is a reply lost to a client)."""
+and the Raft link's chunks (a forwarded request lost there is a reply lost to a client). An
+election during a fault (the leader's term moved: a loaded machine's, or the trickle's) makes
+unknown outcomes of its own, which rqlite reports ("leadership lost while committing log", a
+follower's "failed to process ... on remote node"): those, and only when the term moved, may
+exceed what the proxies lost."""
 
 from __future__ import annotations
 
@@ -34,7 +38,7 @@ from rqlite_queue import (
     Transport,
     Worker,
 )
-from rqlite_queue.testing import Cluster, Link, Links
+from rqlite_queue.testing import Cluster, Link, Links, Node
 from rqlite_queue.toxiproxy import LATENCY
 
 from .failover import (
@@ -48,6 +52,9 @@ from .failover import (
     _wait_for_leader,
 )
 
+ELECTION_MARKERS = ("leadership lost", "on remote node")
+"""What rqlite says of a write caught by an election (on the leader; on a follower that
+forwarded it)."""
 SILENT, CUT, RESET, TRICKLE, SLOW_CLOSE, ISOLATE = (
     "silent",
     "cut_replies",
@@ -107,6 +114,11 @@ class LinkFault(FaultRecord):
     """Acks applied while the fault lasted."""
     began: float = 0.0
     """When its toxics started to be put in (calls from then on may meet them)."""
+    elections: int = 0
+    """How far the leader's Raft term moved from before the fault to after it."""
+    reported: int = 0
+    """Of the OutcomeUnknowns seen, those rqlite itself reported as an election's
+    (`ELECTION_MARKERS`), not a reply lost on the way."""
 
 
 @dataclass
@@ -131,15 +143,17 @@ class LinkReport(FailoverReport):
             "producer's publishes: "
             + ", ".join(f"{k} {v}" for k, v in sorted(self.producer_outcomes.items())),
             "fault          node length new leader acks resumed acks during  OutcomeUnknown "
-            "seen / lost by the proxies: producer, Workers (+ Raft chunks dropped)",
+            "seen / lost by the proxies: producer, Workers (+ Raft chunks dropped)"
+            "  [elections: seen as such]",
         ]
         for f in self.link_faults:
             elected = "-" if f.elected is None else f"{f.elected:.2f} s"
             resumed = "never" if f.resumed is None else f"{f.resumed:.2f} s"
+            election = f"  [{f.elections}: {f.reported}]" if f.elections or f.reported else ""
             lines.append(
                 f"{f.kind:<14} {f.node:<4} {f.ended - f.started:4.1f} s {elected:>10} "
                 f"{resumed:>12} {f.acks_during:>11}  {f.producer_unknown} / {f.lost.producer}, "
-                f"{f.worker_unknown} / {f.lost.workers} (+ {f.lost.raft_chunks})"
+                f"{f.worker_unknown} / {f.lost.workers} (+ {f.lost.raft_chunks}){election}"
             )
         return "\n".join(lines)
 
@@ -149,14 +163,13 @@ class UnknownRounds(logging.Handler):
 
     def __init__(self) -> None:
         super().__init__()
-        self.times: list[float] = []
+        self.times: list[tuple[float, str]] = []
 
     def emit(self, record: logging.LogRecord) -> None:
         args = record.args if isinstance(record.args, tuple) else ()
-        if "round trip failed" in str(record.msg) and any(
-            isinstance(a, OutcomeUnknown) for a in args
-        ):
-            self.times.append(time.monotonic())
+        unknown = [a for a in args if isinstance(a, OutcomeUnknown)]
+        if "round trip failed" in str(record.msg) and unknown:
+            self.times.append((time.monotonic(), str(unknown[0])))
 
 
 def run_link_faults(config: LinkConfig, rqlited: str, order: list[str]) -> LinkReport:
@@ -192,7 +205,7 @@ def _run(
     rounds: list[tuple[float, float]] = []
     published: list[tuple[str, int]] = []
     unknown: list[int] = []  # the `i` of publishes that raised OutcomeUnknown
-    unknown_at: list[float] = []
+    unknown_at: list[tuple[float, str]] = []  # when each began, and what it said
     stop_publishing = threading.Event()
     done_publishing = threading.Event()
     counter = UnknownRounds()
@@ -227,9 +240,9 @@ def _run(
                     seq = q.publish(group, {"i": i})
                     published.append((group, seq))
                     report.producer_outcomes["ok"] += 1
-                except OutcomeUnknown:
+                except OutcomeUnknown as exc:
                     unknown.append(i)
-                    unknown_at.append(sent)
+                    unknown_at.append((sent, str(exc)))
                     report.producer_outcomes["OutcomeUnknown"] += 1
                 except QueueError as exc:  # not applied: nothing to check
                     report.producer_outcomes[type(exc).__name__] += 1
@@ -305,18 +318,20 @@ def _run(
     # Each OutcomeUnknown is put down to the last fault that began before its call started (a
     # publish without dedup ids waits its whole timeout on a link that went silent, and fails
     # after the fault cleared, maybe during the next one).
-    for t in unknown_at:
+    for t, said in unknown_at:
         fault = _last_before(report.link_faults, t)
         if fault is None:
             report.unknown_before_faults += 1
         else:
             fault.producer_unknown += 1
-    for t in counter.times:
+            fault.reported += any(marker in said for marker in ELECTION_MARKERS)
+    for t, said in counter.times:
         fault = _last_before(report.link_faults, t)
         if fault is None:
             report.unknown_before_faults += 1
         else:
             fault.worker_unknown += 1
+            fault.reported += any(marker in said for marker in ELECTION_MARKERS)
     for fault in report.link_faults:
         # From the fault clearing (or a new leader existing, if sooner) to the end of the
         # first round trip started after that which applied acks.
@@ -346,6 +361,7 @@ def _fault(
     links = cluster.links
     assert links is not None
     leader = cluster.leader(timeout=30)
+    term = _term(leader)
     others = [n for n in cluster.nodes if n is not leader]
     raft = links.raft[leader.node_id]
     ours = leader.node_id
@@ -427,7 +443,7 @@ def _fault(
     for link in producer_links.values():
         link.clear(keep=LATENCY)
     ended = time.monotonic()
-    cluster.leader(timeout=30)
+    after = cluster.leader(timeout=30)
     return LinkFault(
         kind,
         leader.node_id,
@@ -436,7 +452,13 @@ def _fault(
         None if elected is None else elected - started,
         lost=lost,
         began=began,
+        elections=_term(after) - term,
     )
+
+
+def _term(node: Node) -> int:
+    term: int = node.status(timeout=5)["store"]["raft"]["term"]
+    return term
 
 
 def check_link_faults(report: LinkReport) -> list[str]:
@@ -466,6 +488,9 @@ def check_link_faults(report: LinkReport) -> list[str]:
                 f"lost {f.lost.workers} exchanges (+ {f.lost.raft_chunks} Raft chunks)"
             )
         seen, lost = f.producer_unknown + f.worker_unknown, f.lost.total
-        if seen > lost:
-            problems.append(f"{f.kind}: {seen} OutcomeUnknown seen, {lost} exchanges lost")
+        if seen > lost + (f.reported if f.elections else 0):
+            problems.append(
+                f"{f.kind}: {seen} OutcomeUnknown seen, {lost} exchanges lost"
+                + (f" and {f.reported} reported by rqlite in an election" if f.elections else "")
+            )
     return problems

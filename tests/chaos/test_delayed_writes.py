@@ -25,10 +25,11 @@ def test_a_claim_delayed_by_a_frozen_follower_leases_nothing_after_its_resend(
         with RqliteTransport(cluster.url, queue="late") as setup:
             setup.setup()
             setup.publish_many([(f"g{k}", k) for k in range(4)])
-        # The client talks to the follower first; the follower is frozen with the claim inside.
+        # The client talks to the follower; the follower is frozen with the claim inside.
         url = ",".join([follower.http_url, *rest])
         with RqliteTransport(url, timeout=1.0, queue="late", deadline=20) as q:
             q.setup()
+            q.client.nodes.current = 0  # (it went to the leader it asked for at its first use)
             follower.pause()
             lease = q.claim("w", visibility=30)
             assert lease is not None and q.resent == 1  # timed out, resent to the next node

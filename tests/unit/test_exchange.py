@@ -4,7 +4,7 @@ fake clock: no server, no sockets, milliseconds."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 
 import pytest
 from hypothesis import given
@@ -12,7 +12,10 @@ from hypothesis import strategies as st
 
 from rqlite_queue import OutcomeUnknown, Unavailable
 from rqlite_queue._protocol.http import (
+    DISCOVERY_POLL,
     MIN_ATTEMPT,
+    Action,
+    Discover,
     HttpReply,
     HttpRequest,
     Nodes,
@@ -21,6 +24,7 @@ from rqlite_queue._protocol.http import (
     Outcome,
     Send,
     Sleep,
+    Statuses,
     exchange,
     framed,
 )
@@ -58,9 +62,13 @@ def drive(
     clock: Clock | None = None,
     names: tuple[str, ...] = (),
     refused_patience: float | None = None,
-) -> tuple[list[Result] | BaseException, list[Send | Sleep], Clock, Nodes]:
+    discover: float | None = None,
+    statuses: Callable[[Discover], Statuses] | None = None,
+    asking_time: float = 0.01,
+) -> tuple[list[Result] | BaseException, list[Send | Sleep | Discover], Clock, Nodes]:
     """Run one exchange; each Send takes `request_time(send)` (never more than its timeout),
-    each Sleep its seconds. Returns the results or the exception, the actions, the clock."""
+    each Sleep its seconds, each Discover `asking_time` (at most its timeout) and is
+    answered by `statuses`. Returns the results or the exception, the actions, the clock."""
     clock = clock or Clock()
     cursor = nodes if isinstance(nodes, Nodes) else Nodes(nodes, jitter)
     steps = exchange(
@@ -74,8 +82,9 @@ def drive(
         patience=patience,
         names=names,
         refused_patience=refused_patience,
+        discover=discover,
     )
-    actions: list[Send | Sleep] = []
+    actions: list[Send | Sleep | Discover] = []
     try:
         action = next(steps)
         while True:
@@ -84,6 +93,10 @@ def drive(
                 clock.now += min(request_time(action), action.timeout)
                 outcome = outcomes(action) if callable(outcomes) else next(outcomes)
                 action = steps.send(outcome)
+            elif isinstance(action, Discover):
+                assert statuses is not None, "asked who leads"
+                clock.now += min(asking_time, action.timeout)
+                action = steps.send(statuses(action))
             else:
                 clock.now += action.seconds
                 action = steps.send(None)
@@ -93,7 +106,7 @@ def drive(
         return exc, actions, clock, cursor
 
 
-def sends(actions: list[Send | Sleep]) -> list[Send]:
+def sends(actions: list[Send | Sleep | Discover]) -> list[Send]:
     return [a for a in actions if isinstance(a, Send)]
 
 
@@ -148,6 +161,9 @@ def test_an_idempotent_write_is_retried_as_a_read_is() -> None:
                     clock.now += 0.01
                     sent += 1
                     action = steps.send(answers[min(sent, len(answers)) - 1])
+                elif isinstance(action, Discover):  # who leads: no node says
+                    clock.now += 0.01
+                    action = steps.send(Statuses((None,) * len(URLS)))
                 else:
                     clock.now += action.seconds
                     action = steps.send(None)
@@ -193,12 +209,19 @@ failures = st.sampled_from(
     timeout=st.floats(0.05, 10.0),
     write=st.booleans(),
     slow=st.booleans(),
+    discover=st.sampled_from([None, 0.5, 5.0]),
 )
 def test_no_exchange_outlives_its_deadline(
-    script: list[Outcome], deadline: float, timeout: float, write: bool, slow: bool
+    script: list[Outcome],
+    deadline: float,
+    timeout: float,
+    write: bool,
+    slow: bool,
+    discover: float | None,
 ) -> None:
-    """Whatever fails and however slowly (a request may use its whole timeout), the exchange
-    ends by its deadline, and no request is given more time than is left."""
+    """Whatever fails and however slowly (a request may use its whole timeout, asking the
+    nodes who leads the whole time allowed), the exchange ends by its deadline, and no
+    request is given more time than is left."""
     outcomes = iter([*script, *[NO_LEADER] * 10_000])
     start = Clock().now
     result, actions, clock, _ = drive(
@@ -207,6 +230,9 @@ def test_no_exchange_outlives_its_deadline(
         deadline=deadline,
         timeout=timeout,
         request_time=(lambda send: send.timeout) if slow else (lambda send: 0.001),
+        discover=discover,
+        statuses=lambda ask: Statuses((None, None, None)),
+        asking_time=99.0,
     )
     assert clock.now <= start + deadline + 1e-9
     elapsed = 0.0
@@ -215,6 +241,8 @@ def test_no_exchange_outlives_its_deadline(
             assert action.timeout <= timeout
             assert action.timeout <= deadline - elapsed + 1e-9
             elapsed += action.timeout if slow else min(0.001, action.timeout)
+        elif isinstance(action, Discover):
+            elapsed += action.timeout
         else:
             elapsed += action.seconds
     if isinstance(result, BaseException):
@@ -413,3 +441,160 @@ def test_a_reply_that_does_not_say_where_it_ends_was_cut_off() -> None:
     assert framed(204, None, None)
     assert not framed(200, None, None)
     assert not framed(503, None, "identity")
+
+
+# ------------------------------------------- after a node that did not answer: who leads?
+
+FOLLOWER = {"state": "Follower", "term": 3}
+
+
+def leader(term: int = 3) -> dict[str, object]:
+    return {"state": "Leader", "term": term}
+
+
+def used(count: int = 3) -> Nodes:
+    """The nodes of a client past its first use (it has asked them who leads once)."""
+    return Nodes(count, jitter, looked=True)
+
+
+def test_a_node_that_did_not_answer_is_left_for_the_node_that_says_it_leads() -> None:
+    """Issue 34: a follower forwarding to an isolated leader holds the request; moving on
+    blindly to the next node landed on that leader about half the time, and a whole attempt
+    (twice as long: a resend) was lost there. The nodes are asked who leads instead."""
+    result, actions, _, cursor = drive(
+        iter([NoReply("timed out")]),
+        nodes=used(),
+        patience=1.0,
+        request_time=lambda s: 99,
+        discover=0.5,
+        statuses=lambda ask: Statuses((FOLLOWER, None, leader())),
+    )
+    assert isinstance(result, OutcomeUnknown)  # the write is the transport's to resend
+    assert actions == [Send(0, 1.0), Discover(0.5)]
+    assert cursor.current == 2  # not node 1, which said nothing
+    assert cursor.leader == (2, 3) and 0 in cursor.suspects
+
+
+def test_a_read_goes_on_to_the_leader_the_nodes_name() -> None:
+    answers: Iterator[Outcome] = iter([NoReply("timed out"), OK])
+    result, actions, _, _ = drive(
+        answers,
+        write=False,
+        nodes=used(),
+        discover=0.5,
+        statuses=lambda ask: Statuses((FOLLOWER, None, leader())),
+    )
+    assert isinstance(result, list)
+    assert [s.node for s in sends(actions)] == [0, 2]
+
+
+def test_of_two_nodes_that_say_they_lead_the_later_term_is_chosen() -> None:
+    """A deposed leader may not know yet."""
+    _, _, _, cursor = drive(
+        iter([NotSent("timed out connecting", "timed out connecting")]),
+        write=False,
+        nodes=used(),
+        deadline=0.5,
+        discover=0.2,
+        statuses=lambda ask: Statuses((None, leader(4), leader(3))),
+    )
+    assert cursor.current == 1 and cursor.leader == (1, 4)
+
+
+def test_without_a_leader_a_node_that_answered_is_chosen() -> None:
+    """During an election: a node that answers can take the request once a leader exists
+    (it forwards), one that is silent cannot."""
+    _, _, _, cursor = drive(
+        iter([NoReply("timed out")]),
+        nodes=used(),
+        discover=0.5,
+        statuses=lambda ask: Statuses((None, None, {"state": "Candidate", "term": 5})),
+    )
+    assert cursor.current == 2
+
+
+def test_when_no_node_answers_the_choice_moves_on_as_before() -> None:
+    _, _, _, cursor = drive(
+        iter([NoReply("timed out")]),
+        nodes=used(),
+        discover=0.5,
+        statuses=lambda ask: Statuses((None,) * 3),
+    )
+    assert cursor.current == 1
+
+
+def discovering(
+    nodes: Nodes, clock: Clock, *, write: bool
+) -> Generator[Action, Outcome | Statuses | None, list[Result]]:
+    """An exchange on shared `nodes` that asks who leads after a failure (5 s to go)."""
+    return exchange(
+        REQUEST,
+        write=write,
+        nodes=nodes,
+        deadline=clock.now + 5,
+        timeout=1.0,
+        monotonic=clock,
+        jitter=jitter,
+        discover=0.5,
+    )
+
+
+def test_one_call_asks_for_all_that_meet_the_failure() -> None:
+    """Calls in flight on the node that failed wait for the answer of the one that asks;
+    none asks again."""
+    clock = Clock()
+    nodes = used()
+    asking = discovering(nodes, clock, write=True)
+    assert next(asking) == Send(0, 1.0)
+    assert asking.send(NoReply("timed out")) == Discover(0.5)
+    # Meanwhile a second call's request on node 0 fails too.
+    waiting = discovering(nodes, clock, write=False)
+    assert next(waiting) == Send(0, 1.0)
+    assert waiting.send(NoReply("timed out")) == Sleep(DISCOVERY_POLL)
+    clock.now += DISCOVERY_POLL
+    assert waiting.send(None) == Sleep(DISCOVERY_POLL)  # still asking
+    with pytest.raises(OutcomeUnknown):
+        asking.send(Statuses((None, None, leader())))
+    clock.now += DISCOVERY_POLL
+    assert isinstance(waiting.send(None), Sleep)  # the failover backoff...
+    assert waiting.send(None) == Send(2, 1.0)  # ...then the leader the first call found
+
+
+def test_a_call_cancelled_while_it_asks_lets_the_next_one_ask() -> None:
+    clock = Clock()
+    nodes = used()
+    steps = drive_until_discover(nodes, clock)
+    steps.close()  # (asyncio cancelled the call, say)
+    assert nodes.asking_until == float("-inf")
+    drive_until_discover(nodes, clock)  # asks, instead of waiting for an answer to come
+
+
+def drive_until_discover(
+    nodes: Nodes, clock: Clock
+) -> Generator[Action, Outcome | Statuses | None, list[Result]]:
+    steps = discovering(nodes, clock, write=False)
+    assert next(steps) == Send(nodes.current, 1.0)
+    assert steps.send(NoReply("timed out")) == Discover(0.5)
+    return steps
+
+
+def test_a_client_asks_who_leads_at_its_first_use_and_starts_there() -> None:
+    """No forwarding hop from a follower."""
+    nodes = Nodes(3, jitter)
+    result, actions, clock, _ = drive(
+        iter([OK]),
+        nodes=nodes,
+        discover=0.5,
+        statuses=lambda ask: Statuses((FOLLOWER, leader(), FOLLOWER)),
+    )
+    assert isinstance(result, list)
+    assert actions == [Discover(0.5), Send(1, 1.0)]
+    _, actions, _, _ = drive(iter([OK]), nodes=nodes, clock=clock, discover=0.5)
+    assert actions == [Send(1, 1.0)]  # asked once per client
+
+
+def test_a_first_use_with_no_answer_starts_on_the_first_node() -> None:
+    _, actions, _, cursor = drive(
+        iter([OK]), discover=0.5, statuses=lambda ask: Statuses((None,) * 3)
+    )
+    assert actions == [Discover(0.5), Send(0, 1.0)] and cursor.leader is None

@@ -9,7 +9,7 @@ import asyncio
 from typing import Any
 
 from .._protocol.backup import Transfer, transfer
-from .._protocol.http import ClientState, Outcome, Send
+from .._protocol.http import ClientState, Discover, Outcome, Send, Statuses
 from .._protocol.plan import Batch, Result
 
 
@@ -36,9 +36,12 @@ class AsyncRqliteClient(ClientState):
         request, steps = self.steps(batch, deadline, lease_for, resend, final, idempotent)
         action = next(steps)
         while True:
+            outcome: Outcome | Statuses | None
             if isinstance(action, Send):
                 self.requests += 1
-                outcome: Outcome | None = await self._post(action, request.path, request.body)
+                outcome = await self._post(action, request.path, request.body)
+            elif isinstance(action, Discover):
+                outcome = await self._statuses(action.timeout)
             else:
                 await asyncio.sleep(action.seconds)
                 outcome = None
@@ -49,6 +52,11 @@ class AsyncRqliteClient(ClientState):
                 return results
 
     async def _post(self, send: Send, path: str, body: bytes) -> Outcome:
+        raise NotImplementedError
+
+    async def _statuses(self, timeout: float) -> Statuses:
+        """Every node's Raft status (`_protocol.http.STATUS_RAFT`), asked at once, each within
+        `timeout`; those not had when one says it leads are None."""
         raise NotImplementedError
 
     async def transfer(self, request: Transfer, deadline: float) -> bytes:

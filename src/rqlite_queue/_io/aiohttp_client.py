@@ -3,6 +3,7 @@ least client CPU per request of the async clients measured in `bench/http_client
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import ssl
@@ -16,13 +17,16 @@ from .._async.rqlite_client import AsyncRqliteClient
 from .._protocol.backup import Transfer
 from .._protocol.http import (
     POOL_SIZE,
+    STATUS_RAFT,
     Endpoints,
     HttpReply,
     NoReply,
     NotSent,
     Outcome,
     Send,
+    Statuses,
     framed,
+    leader_term,
     request_headers,
 )
 from .sockets import connect_failure, open_socket
@@ -117,6 +121,26 @@ class AiohttpClient(AsyncRqliteClient):
         return HttpReply(
             response.status, content, response.headers.get("Date"), sent_at, self.clock()
         )
+
+    async def _statuses(self, timeout: float) -> Statuses:
+        urls = self.endpoints.urls
+        asks = {
+            asyncio.ensure_future(self.get_json(url, STATUS_RAFT, timeout)): i
+            for i, url in enumerate(urls)
+        }
+        found: list[Any] = [None] * len(urls)
+        pending = set(asks)
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for ask in done:
+                    found[asks[ask]] = ask.result()
+                if any(leader_term(raft) is not None for raft in found):
+                    break
+        finally:
+            for ask in pending:
+                ask.cancel()
+        return Statuses(tuple(found))
 
     async def get_json(self, base_url: str, path: str, timeout: float) -> Any:
         """GET an rqlite node's JSON endpoint (`/status`, `/nodes`) with this client's

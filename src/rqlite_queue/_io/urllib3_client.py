@@ -4,8 +4,10 @@ client CPU per request of the sync clients measured in `bench/http_clients.py`."
 from __future__ import annotations
 
 import json
+import queue
 import random
 import ssl
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -23,13 +25,16 @@ from urllib3.exceptions import (
 from .._protocol.backup import Transfer
 from .._protocol.http import (
     POOL_SIZE,
+    STATUS_RAFT,
     Endpoints,
     HttpReply,
     NoReply,
     NotSent,
     Outcome,
     Send,
+    Statuses,
     framed,
+    leader_term,
     request_headers,
 )
 from .._sync.rqlite_client import RqliteClient
@@ -126,6 +131,29 @@ class Urllib3Client(RqliteClient):
         return HttpReply(
             response.status, response.data, response.headers.get("Date"), sent_at, self.clock()
         )
+
+    def _statuses(self, timeout: float) -> Statuses:
+        # A thread per node (daemons: one still waiting on a silent node ends by `timeout`
+        # on its own), so that a node that does not answer costs no more than one that does.
+        urls = self.endpoints.urls
+        answers: queue.SimpleQueue[tuple[int, Any]] = queue.SimpleQueue()
+
+        def ask(i: int) -> None:
+            answers.put((i, self.get_json(urls[i], STATUS_RAFT, timeout)))
+
+        for i in range(len(urls)):
+            threading.Thread(target=ask, args=(i,), name="rqlite-queue-status", daemon=True).start()
+        found: list[Any] = [None] * len(urls)
+        until = time.monotonic() + timeout
+        for _ in urls:
+            try:
+                i, raft = answers.get(timeout=max(0.0, until - time.monotonic()))
+            except queue.Empty:
+                break
+            found[i] = raft
+            if leader_term(raft) is not None:
+                break
+        return Statuses(tuple(found))
 
     def get_json(self, base_url: str, path: str, timeout: float) -> Any:
         """GET an rqlite node's JSON endpoint (`/status`, `/nodes`) with this client's

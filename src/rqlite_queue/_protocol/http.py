@@ -123,8 +123,9 @@ def _result(raw: Mapping[str, Any]) -> Result:
 # ------------------------------------------------------------------- one request's retries
 #
 # The clients drive `exchange`: it yields `Send` (post the request to this node, with this
-# timeout) and `Sleep`, and is sent back what happened (`HttpReply`, `NotSent`, `NoReply`). It
-# returns the results, or raises the typed error the caller gets.
+# timeout), `Sleep` and `Discover` (ask the nodes who leads), and is sent back what happened
+# (`HttpReply`, `NotSent`, `NoReply`; `Statuses`). It returns the results, or raises the typed
+# error the caller gets.
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +137,20 @@ class Send:
 @dataclass(frozen=True, slots=True)
 class Sleep:
     seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Discover:
+    """Ask every node whether it leads (`GET STATUS_RAFT`), each within `timeout`, and send
+    back what they said (`Statuses`). The driver may stop asking once a node says it leads."""
+
+    timeout: float
+
+
+@dataclass(frozen=True, slots=True)
+class Statuses:
+    raft: tuple[Any, ...]
+    """Per node, its Raft status (the parsed JSON of `STATUS_RAFT`), or None: no answer."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +184,22 @@ class NoReply:
 
 Outcome = HttpReply | NotSent | NoReply
 
+STATUS_RAFT = "/status?key=store.raft"
+"""A node's own Raft state and term (about 1 KB, answered without asking the other nodes)."""
+DISCOVERY_TIMEOUT = 0.5
+"""How long a client waits for the nodes to say which of them leads."""
+DISCOVERY_POLL = 0.01
+"""A call whose node failed while another call of the client asks the nodes who leads waits
+for that answer in steps of this."""
+
+
+def leader_term(raft: Any) -> int | None:
+    """The term of a node whose Raft status says it leads; None if it does not."""
+    if not isinstance(raft, Mapping) or raft.get("state") != "Leader":
+        return None
+    term = raft.get("term")
+    return term if isinstance(term, int) else 0
+
 
 def framed(status: int, content_length: str | None, transfer_encoding: str | None) -> bool:
     """Whether a reply says where it ends (a `Content-Length`, or chunks), as every reply of
@@ -180,7 +211,7 @@ def framed(status: int, content_length: str | None, transfer_encoding: str | Non
     return content_length is not None or "chunked" in (transfer_encoding or "").lower()
 
 
-Action = Send | Sleep
+Action = Send | Sleep | Discover
 
 
 ATTEMPT_FLOOR = 1.0
@@ -204,8 +235,10 @@ class Nodes:
     failure moves it on. A node that did not answer (no connection, no reply) is suspected:
     the next choices skip it until it answers, or its suspicion lapses (`retry.PROBE`, longer
     each time it fails again); one failure moves the choice on once, however many calls in
-    flight meet it. Shared by every call of a client; no request is made to keep it.
-    `random` draws the jitter of the suspicions (`random.random`: this module has no dice)."""
+    flight meet it. What the nodes say of themselves when asked (`Discover`: at the client's
+    first use, and when a node failed to answer) moves the choice to the one that leads.
+    Shared by every call of a client. `random` draws the jitter of the suspicions
+    (`random.random`: this module has no dice)."""
 
     count: int
     random: Callable[[], float]
@@ -217,12 +250,48 @@ class Nodes:
     once it answers)."""
     reached: bool = False
     """Whether any node ever accepted a connection (answered, or took a request)."""
+    leader: tuple[int, int] | None = None
+    """(node, term) of the last node that said it leads; None before any did."""
+    looked: bool = False
+    """Whether a call asked the nodes who leads at the client's first use."""
+    asking_until: float = float("-inf")
+    """While a call asks the nodes who leads after a failure: when it gives up asking."""
 
     def failed(self, node: int, now: float) -> None:
         """`node` did not answer: suspect it, and move on if it was the current one."""
+        self.suspect(node, now)
+        self.moved_on(node, now)
+
+    def suspect(self, node: int, now: float) -> None:
         _, failures = self.suspects.get(node, (0.0, 0))
         self.suspects[node] = (now + PROBE.delay(failures + 1, self.random), failures + 1)
-        self.moved_on(node, now)
+
+    def learn(self, statuses: Statuses) -> bool:
+        """What the nodes said: the one that leads (the later term, if two say
+        they do: the other may not know yet that it was deposed) is the next choice. Whether
+        one did."""
+        terms = [leader_term(raft) for raft in statuses.raft[: self.count]]
+        leaders = [(term, n) for n, term in enumerate(terms) if term is not None]
+        if not leaders:
+            return False
+        term, node = max(leaders)
+        self.leader = (node, term)
+        self.current = node
+        return True
+
+    def discovered(self, node: int, statuses: Statuses, now: float) -> None:
+        """What the nodes said when `node` failed: the next choice is the node that says it
+        leads, else one that answered (it can forward to a leader once there is one), else
+        the next one, as after any failure."""
+        self.asking_until = float("-inf")
+        if self.learn(statuses) or node != self.current:
+            return  # (another call has moved on from it already)
+        order = [(node + i) % self.count for i in range(1, self.count)]
+        alive = [n for n in order if n < len(statuses.raft) and statuses.raft[n] is not None]
+        if alive:
+            self.current = alive[0]
+        else:
+            self.moved_on(node, now)
 
     def moved_on(self, node: int, now: float) -> None:
         """`node` answered, but could not take the request (no leader yet): try another."""
@@ -261,6 +330,40 @@ class Nodes:
         }
 
 
+def leave(
+    nodes: Nodes,
+    node: int,
+    *,
+    deadline: float,
+    monotonic: Callable[[], float],
+    discover: float | None,
+) -> Generator[Action, Outcome | Statuses | None, None]:
+    """`node` did not answer (no connection, no reply): suspect it and move on. With
+    `discover` (a timeout), the next node is the one that says it leads (`Discover`): moving
+    on blindly may land on the node that just failed the cluster (an isolated leader that a
+    follower was forwarding to) and wait a whole attempt there. One call asks for all the
+    calls of the client that meet the failure; the others wait for its answer."""
+    now = monotonic()
+    nodes.suspect(node, now)
+    timeout = min(discover or 0.0, deadline - now - MIN_ATTEMPT)
+    if timeout < MIN_ATTEMPT or node != nodes.current:
+        nodes.moved_on(node, now)
+        return
+    if now >= nodes.asking_until:
+        mine = nodes.asking_until = now + timeout
+        try:
+            statuses = yield Discover(timeout)
+        finally:
+            if nodes.asking_until == mine:
+                nodes.asking_until = float("-inf")  # (a call cancelled while it asked)
+        if isinstance(statuses, Statuses):
+            nodes.discovered(node, statuses, monotonic())
+            return
+    while node == nodes.current and monotonic() < min(nodes.asking_until, deadline):
+        yield Sleep(DISCOVERY_POLL)  # another call asks the nodes: its answer moves us on
+    nodes.moved_on(node, monotonic())
+
+
 def exchange(
     request: HttpRequest,
     *,
@@ -274,7 +377,8 @@ def exchange(
     patience: float | None = None,
     names: Sequence[str] = (),
     refused_patience: float | None = None,
-) -> Generator[Action, Outcome | None, list[Result]]:
+    discover: float | None = None,
+) -> Generator[Action, Outcome | Statuses | None, list[Result]]:
     """Send `request` until it is answered or `deadline` (a `monotonic` time) passes. Each
     attempt waits at most `patience` (default `timeout`; doubled after each attempt that had
     no reply, up to `timeout`) for its node, then gives that node up. A failure that proves
@@ -285,12 +389,21 @@ def exchange(
     applied again) tries again instead, as after a failure. No request is given more time
     than is left. Given up, the error says what each node did (`names`: the nodes' URLs, for
     it). With `refused_patience`, until a node is reached (`Nodes.reached`), every node
-    refusing connections for that long raises `NothingListens` at once."""
+    refusing connections for that long raises `NothingListens` at once. With `discover` (a
+    timeout), the nodes are asked who leads at the client's first use, and a node that did
+    not answer is left for the one that says it leads (`leave`)."""
     retry = Retry(FAILOVER, deadline, jitter)
     started = monotonic()
     last: Unavailable | None = None
     tried: dict[int, str] = {}  # node -> what it did at this call's last attempt on it
     wait_for = min(timeout, patience) if patience is not None else timeout
+    if discover is not None and not nodes.looked:
+        nodes.looked = True  # (once per client: the others go on meanwhile)
+        ask = min(discover, deadline - started - MIN_ATTEMPT)
+        if ask >= MIN_ATTEMPT:
+            statuses = yield Discover(ask)
+            if isinstance(statuses, Statuses):
+                nodes.learn(statuses)
 
     def name(node: int) -> str:
         return names[node] if node < len(names) else f"rqlite node {node + 1}"
@@ -323,13 +436,14 @@ def exchange(
         elif isinstance(outcome, NotSent):
             failure = Unavailable(f"cannot reach {name(node)}: {outcome.error}")
             tried[node] = nodes.seen[node] = outcome.cause
-            nodes.failed(node, monotonic())
             if nodes.nothing_listens(tried, refused_patience, monotonic() - started):
+                nodes.failed(node, monotonic())
                 raise nothing_listens(nodes.report(names, tried))
+            yield from leave(nodes, node, deadline=deadline, monotonic=monotonic, discover=discover)
         elif isinstance(outcome, NoReply):
             tried[node] = nodes.seen[node] = outcome.cause
             nodes.reached = True  # it took the request
-            nodes.failed(node, monotonic())
+            yield from leave(nodes, node, deadline=deadline, monotonic=monotonic, discover=discover)
             if write:
                 raise OutcomeUnknown(f"{name(node)}: {outcome.cause}: {outcome.error}")
             failure = Unavailable(f"{name(node)}: {outcome.cause}: {outcome.error}")
@@ -443,7 +557,7 @@ class ClientState:
         resend: int = 0,
         final: bool = False,
         idempotent: bool = False,
-    ) -> tuple[HttpRequest, Generator[Action, Outcome | None, list[Result]]]:
+    ) -> tuple[HttpRequest, Generator[Action, Outcome | Statuses | None, list[Result]]]:
         """The exchange of `batch` (`idempotent`: a write applied again changes nothing, so
         its lost reply is sent again here as a read's is, not raised: `Plan.idempotent`)."""
         request = request_for(batch)
@@ -459,6 +573,7 @@ class ClientState:
             patience=self.patience(request, lease_for, resend, final and batch.write),
             names=self.endpoints.urls,
             refused_patience=self.refused_timeout,
+            discover=DISCOVERY_TIMEOUT if len(self.endpoints.urls) > 1 else None,
         )
 
     def _on_reply(self, reply: HttpReply, node: int, took: float) -> None:

@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from .._protocol.backup import Transfer, transfer
-from .._protocol.http import ClientState, Outcome, Send
+from .._protocol.http import ClientState, Discover, Outcome, Send, Statuses
 from .._protocol.plan import Batch, Result
 
 
@@ -37,9 +37,12 @@ class RqliteClient(ClientState):
         request, steps = self.steps(batch, deadline, lease_for, resend, final, idempotent)
         action = next(steps)
         while True:
+            outcome: Outcome | Statuses | None
             if isinstance(action, Send):
                 self.requests += 1
-                outcome: Outcome | None = self._post(action, request.path, request.body)
+                outcome = self._post(action, request.path, request.body)
+            elif isinstance(action, Discover):
+                outcome = self._statuses(action.timeout)
             else:
                 time.sleep(action.seconds)
                 outcome = None
@@ -50,6 +53,11 @@ class RqliteClient(ClientState):
                 return results
 
     def _post(self, send: Send, path: str, body: bytes) -> Outcome:
+        raise NotImplementedError
+
+    def _statuses(self, timeout: float) -> Statuses:
+        """Every node's Raft status (`_protocol.http.STATUS_RAFT`), asked at once, each within
+        `timeout`; those not had when one says it leads are None."""
         raise NotImplementedError
 
     def transfer(self, request: Transfer, deadline: float) -> bytes:
