@@ -4,6 +4,7 @@ trip of 0, 1 and 4 ms (+/- 10 %) through toxiproxy (`Cluster(links=...)`): each 
 (Redis, PostgreSQL) behind a link with the same round trip, in one run.
 
     .venv/bin/python bench/latency_bench.py [--rtts 0 1 4] [--reps 2] [--concurrency 1 8 64]
+        [--prefetch M ...] [--worker-only] [--out bench/results/latency.md]
 
 At each round trip, repetition by repetition (the systems' order rotated): the Worker and
 AsyncWorker at each concurrency against harel's Redis and PostgreSQL transports and
@@ -14,7 +15,9 @@ Worker (worker_bench.idle's). Also where the time of one Worker round goes: the 
 trip (a read the node answers alone) and the Raft commit (a bare write less that read).
 
 The rqlited run with the default Raft timeouts (1 s), as the main bench. Ratios are taken
-within each repetition. Writes bench/results/latency.md and latency.json."""
+within each repetition. `--prefetch M` adds the Worker with a prefetch cap of M x concurrency
+(the default is 4) beside the others; `--worker-only` runs the Worker section alone. Writes
+`--out` (bench/results/latency.md) and the same name in .json."""
 
 from __future__ import annotations
 
@@ -139,16 +142,21 @@ def one_rtt(
 ) -> None:
     tag = f"rtt{rtt_ms:g}"
     setup_floor(env.admin)
-    round_trip_split(env, res, f"{tag}.split", 100 if rtt_ms < 4 else 40)
+    if not args.worker_only:
+        round_trip_split(env, res, f"{tag}.split", 100 if rtt_ms < 4 else 40)
     for rep in range(args.reps):
         for c in args.concurrency:
             runs = ["worker", "worker_async"] + (["floor", "floor_async"] if c == 1 else [])
+            runs += [f"worker_pf{m}" for m in args.prefetch]
             runs += [p for p in ("harel_redis", "harel_pg") if _has(peers, p)]
             if c in cfg.procrastinate_concurrency and peers.pg_dsn:
                 runs.append("procrastinate")
             for system in rotate(runs, rep + c):
                 _record(res, f"{tag}.worker", system, c, _one(env, cfg, peers, system, c))
-        single_publish(env, res, f"{tag}.publish", cfg.publish_single, rep)
+        if not args.worker_only:
+            single_publish(env, res, f"{tag}.publish", cfg.publish_single, rep)
+    if args.worker_only:
+        return
     workloads.cycle(env, cfg, res)  # its own repetitions (cfg.reps)
     for point in res.points:  # cycle writes to rqlite.cycle: file it under this round trip
         if point.section.startswith("rqlite.cycle") or point.section.startswith("rqlite.cpu"):
@@ -184,7 +192,13 @@ def cell(values: list[float], fmt: str = ".0f", suffix: str = "") -> str:
     return f"{med:{fmt}}{suffix} [{min(values):{fmt}}-{max(values):{fmt}}]"
 
 
-def markdown(res: Results, rtts: list[float], conc: list[int], meta: dict[str, str]) -> str:
+def markdown(
+    res: Results,
+    rtts: list[float],
+    conc: list[int],
+    meta: dict[str, str],
+    prefetch: list[int] | None = None,
+) -> str:
     out = [
         "# The bench at real latencies",
         "",
@@ -214,6 +228,25 @@ def markdown(res: Results, rtts: list[float], conc: list[int], meta: dict[str, s
                 cell(_ratio(res, sec, "worker", "floor", c, 1), ".2f", "x") if c == 1 else ""
             )
             out.append("| " + " | ".join(row) + " |")
+    if prefetch:
+        out += [
+            "",
+            "## The Worker with a larger prefetch cap (default: 4 x concurrency), msg/s",
+            "",
+            "| round trip | concurrency | prefetch | Worker | ratio to the default Worker | "
+            "ratio to harel Redis |",
+            "|---|---|---|---|---|---|",
+        ]
+        for rtt in rtts:
+            sec = f"rtt{rtt:g}.worker"
+            for c in conc:
+                for m in prefetch:
+                    system = f"worker_pf{m}"
+                    out.append(
+                        f"| {rtt:g} ms | {c} | {m} x c | {cell(_values(res, sec, system, c))} "
+                        f"| {cell(_ratio(res, sec, system, 'worker', c), '.2f', 'x')} "
+                        f"| {cell(_ratio(res, sec, system, 'harel_redis', c), '.2f', 'x')} |"
+                    )
     out += [
         "",
         "## One message at a time, ms",
@@ -257,6 +290,16 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--no-peers", action="store_true")
+    parser.add_argument(
+        "--prefetch",
+        type=int,
+        nargs="*",
+        default=[],
+        help="also the Worker with prefetch M x concurrency, for each M (default cap: 4)",
+    )
+    parser.add_argument(
+        "--worker-only", action="store_true", help="the Worker section alone (no one-at-a-time)"
+    )
     parser.add_argument("--out", default=str(RESULTS / "latency.md"))
     args = parser.parse_args(argv)
     base = workloads.rqlite_config(False)
@@ -298,12 +341,12 @@ def main(argv: list[str]) -> int:
                 t0 = time.monotonic()
                 one_rtt(env, cfg, linked, res, rtt_ms, args)
                 log(f"== round trip {rtt_ms:g} ms done in {time.monotonic() - t0:.0f}s")
-                (RESULTS / "latency.json").write_text(
+                Path(args.out).with_suffix(".json").write_text(
                     json.dumps([p.to_json() for p in res.points], indent=1)
                 )
         finally:
             env.admin.close()
-    text = markdown(res, args.rtts, args.concurrency, meta)
+    text = markdown(res, args.rtts, args.concurrency, meta, args.prefetch)
     Path(args.out).write_text(text)
     print(text)
     return 0

@@ -110,14 +110,15 @@ def _stopper(target: int, stop: Callable[[], None]) -> Callable[[], None]:
     return tick
 
 
-def run_worker(env: Env, c: int, target: int) -> Outcome:
+def run_worker(env: Env, c: int, target: int, prefetch: int | None = None) -> Outcome:
+    """The Worker at concurrency `c` (its `prefetch`, if given; else its default)."""
     transport = env.ours()  # set up before the window: its bootstrap write is not counted
     worker: Worker
 
     def handler(lease: Lease) -> None:
         tick()
 
-    worker = Worker(transport, handler, concurrency=c, visibility=VISIBILITY)
+    worker = Worker(transport, handler, concurrency=c, visibility=VISIBILITY, prefetch=prefetch)
     tick = _stopper(target, worker.stop)
     m = meter(env).start()
     worker.run(handle_signals=False, until_empty=True)
@@ -320,7 +321,7 @@ def _runs(env: Env, cfg: Config, peers: Peers, c: int) -> list[str]:
 
 def _one(env: Env, cfg: Config, peers: Peers, system: str, c: int) -> Outcome:
     backlog, groups = cfg.worker_backlog
-    if system in ("worker", "worker_async", "many"):
+    if system in ("worker", "worker_async", "many") or system.startswith("worker_pf"):
         reset_ours(env.admin, QUEUE)
         build_ours(env.admin, QUEUE, backlog, groups)
     if system == "procrastinate":
@@ -333,6 +334,8 @@ def _one(env: Env, cfg: Config, peers: Peers, system: str, c: int) -> Outcome:
     target = backlog if c > 1 else cfg.worker_c1_messages
     if system == "worker":
         out = run_worker(env, c, target)
+    elif system.startswith("worker_pf"):  # worker_pfM: prefetch M x c
+        out = run_worker(env, c, target, int(system.removeprefix("worker_pf")) * c)
     elif system == "worker_async":
         out = run_async_worker(env, c, target)
     elif system == "floor":
