@@ -46,10 +46,12 @@ def test_link_faults(rqlited_path: str) -> None:
 
 def _write_section(config: LinkConfig, summary: str, problems: list[str]) -> None:
     verdict = "all held" if not problems else "FAILED: " + "; ".join(problems)
+    rounds = os.environ.get("LINK_ROUNDS", "2")
     section = (
         f"{LINKS_BEGIN}\n## Faults on the links\n\n"
-        f"Command: `make chaos CHAOS_SEED={config.seed}` "
-        "(`tests/chaos/test_link_faults.py::test_link_faults`; a short version, a silent "
+        f"Command: `make chaos CHAOS_SEED={config.seed}"
+        + (f" LINK_ROUNDS={rounds}` (every fault {rounds} times; " if rounds != "2" else "` (")
+        + "`tests/chaos/test_link_faults.py::test_link_faults`; a short version, a silent "
         f"leader and replies cut in their middle, runs in `make test`), at commit {_commit()}, "
         f"{time.strftime('%Y-%m-%d', time.gmtime())}, {os.cpu_count()} cores.\n\n"
         "A 3-node cluster (fast Raft timers: heartbeat 200 ms, election 400 ms) whose every "
