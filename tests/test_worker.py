@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import subprocess
 import sys
@@ -773,6 +774,53 @@ def test_stop_gives_prefetched_messages_back_at_once(tmp_path: Path) -> None:
     thread.join(10)
     assert [lease.group_id for lease in taken] == ["next"]
     assert seen == ["quick", "slow"]
+    q.close()
+
+
+def test_giving_back_prefetched_leases_survives_handlers_starting_meanwhile(
+    tmp_path: Path,
+) -> None:
+    """The handlers' threads take leases off the waiting list while the worker's loop looks
+    for old ones to give back: a garbage collection inside that look (it can switch threads)
+    that starts handlers must not stop the worker ("dictionary changed size during
+    iteration", seen at 1 ms links with 128 leases waiting); the started ones are not given
+    back, every other one is."""
+    q = Transport.from_url(f"sqlite:///{tmp_path}/q.db")
+    q.publish_many([(f"g{i}", i) for i in range(200)])
+    worker = Worker(q, lambda lease: None, concurrency=8, visibility=30)
+    leases = q.claim_many(worker.worker_id, 30, 200)
+    assert len(leases) == 200
+    for lease in leases:
+        key = (lease.group_id, lease.seq)
+        worker._running[key] = lease
+        worker._waiting[id(lease)] = (key, 0.0)
+    started: list[Lease] = []
+    in_order = iter(leases)
+
+    def a_handler_starts(phase: str, info: dict[str, int]) -> None:
+        # (Nothing allocated here: each allocation would set off the next collection.)
+        if phase == "start" and len(started) < 50:
+            for lease in in_order:
+                if worker._admit((lease.group_id, lease.seq), lease):
+                    started.append(lease)
+                    return
+
+    # Pairs held, so that the look's own pairs are new objects (not the interpreter's spare
+    # ones), each counted towards the next collection.
+    held = [(i, -i) for i in range(10_000)]
+    threshold = gc.get_threshold()
+    gc.callbacks.append(a_handler_starts)
+    gc.set_threshold(1)
+    try:
+        worker._give_back_waiting(everything=True)
+    finally:
+        gc.set_threshold(*threshold)
+        gc.callbacks.remove(a_handler_starts)
+    given_back = {lease.seq for lease, _delay in worker._pending.nack}
+    assert started  # (collections did run during the look)
+    del held
+    assert given_back == {lease.seq for lease in leases} - {lease.seq for lease in started}
+    assert not worker._waiting
     q.close()
 
 

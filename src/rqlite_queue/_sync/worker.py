@@ -620,7 +620,11 @@ class Worker:
             return
         self._next_give_back = now + KEEPER_TICK  # (a scan per handler that ends costs too much)
         too_old = now - self.visibility / 3
-        for ident, (key, claimed_at) in list(self._waiting.items()):
+        # A copy made whole (dict.copy allocates nothing the garbage collector tracks while
+        # it reads): `list(items())` allocates a tuple an entry, a collection it sets off may
+        # run finalizers, switch threads, and a handler starting (`_admit`) then changes the
+        # dict under it ("dictionary changed size during iteration" stopped a Worker).
+        for ident, (key, claimed_at) in self._waiting.copy().items():
             if not everything and claimed_at > too_old:
                 continue
             if self._waiting.pop(ident, None) is None:
