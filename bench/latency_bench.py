@@ -4,7 +4,8 @@ trip of 0, 1 and 4 ms (+/- 10 %) through toxiproxy (`Cluster(links=...)`): each 
 (Redis, PostgreSQL) behind a link with the same round trip, in one run.
 
     .venv/bin/python bench/latency_bench.py [--rtts 0 1 4] [--reps 2] [--concurrency 1 8 64]
-        [--prefetch M ...] [--worker-only] [--out bench/results/latency.md]
+        [--prefetch M ...] [--worker-only] [--peers harel_redis ...] [--backlog 2000 200]
+        [--out bench/results/latency.md]
 
 At each round trip, repetition by repetition (the systems' order rotated): the Worker and
 AsyncWorker at each concurrency against harel's Redis and PostgreSQL transports and
@@ -16,7 +17,9 @@ trip (a read the node answers alone) and the Raft commit (a bare write less that
 
 The rqlited run with the default Raft timeouts (1 s), as the main bench. Ratios are taken
 within each repetition. `--prefetch M` adds the Worker with a prefetch cap of M x concurrency
-(the default is 4) beside the others; `--worker-only` runs the Worker section alone. Writes
+(the default is 4) beside the others; `--worker-only` runs the Worker section alone; `--peers`
+the peers named (default: all three); `--backlog MESSAGES GROUPS` the backlog every system of
+the Worker section drains (default 2,000 in 200 groups; the peers drain the same). Writes
 `--out` (bench/results/latency.md) and the same name in .json."""
 
 from __future__ import annotations
@@ -148,7 +151,7 @@ def one_rtt(
         for c in args.concurrency:
             runs = ["worker", "worker_async"] + (["floor", "floor_async"] if c == 1 else [])
             runs += [f"worker_pf{m}" for m in args.prefetch]
-            runs += [p for p in ("harel_redis", "harel_pg") if _has(peers, p)]
+            runs += [p for p in ("harel_redis", "harel_pg") if _has(peers, p) and p in args.peers]
             if c in cfg.procrastinate_concurrency and peers.pg_dsn:
                 runs.append("procrastinate")
             for system in rotate(runs, rep + c):
@@ -291,6 +294,21 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--no-peers", action="store_true")
     parser.add_argument(
+        "--peers",
+        nargs="+",
+        choices=PEERS,
+        default=list(PEERS),
+        help="the peers to run (default: all three)",
+    )
+    parser.add_argument(
+        "--backlog",
+        type=int,
+        nargs=2,
+        default=[2_000, 200],
+        metavar=("MESSAGES", "GROUPS"),
+        help="the backlog every system drains (the same for all)",
+    )
+    parser.add_argument(
         "--prefetch",
         type=int,
         nargs="*",
@@ -311,9 +329,9 @@ def main(argv: list[str]) -> int:
         many_messages=320,
         publish_single=150,
         worker_c1_messages=400,
-        worker_backlog=(2_000, 200),
+        worker_backlog=(args.backlog[0], args.backlog[1]),
         floor_writes=300,
-        procrastinate_concurrency=(8, 64),
+        procrastinate_concurrency=(8, 64) if "procrastinate" in args.peers else (),
         harel_window_s=3.0,
         pickups=20,
     )
