@@ -17,9 +17,8 @@ import sqlite3
 import sys
 from pathlib import Path
 
-from rqlite_queue.sql import SCHEMA_VERSION  # the v1 code's own module
-
 from rqlite_queue import SqliteTransport
+from rqlite_queue.sql import SCHEMA_VERSION  # the v1 code's own module
 
 HERE = Path(__file__).resolve().parent / "fixtures"
 T0 = 1_800_000_000.0
