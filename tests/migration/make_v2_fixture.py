@@ -38,7 +38,7 @@ def main() -> int:
 
 def make(version: int) -> int:
     """Writes `fixtures/v{version}.db` and `.json` (`make_v3_fixture.py` to
-    `make_v5_fixture.py` run it at v3 to v5)."""
+    `make_v6_fixture.py` run it at v3 to v6)."""
     if version != SCHEMA_VERSION:
         print(
             f"this is schema v{SCHEMA_VERSION} code: run it against the v{version} code",
@@ -102,6 +102,22 @@ def make(version: int) -> int:
         )
         limited.publish("deb", {"v": 1}, debounce="k", delay=60, max_wait=120)
         limited.close()
+    if version >= 6:
+        # What only v6 has: headers, on a queued message, a leased one and a dead letter.
+        headed = SqliteTransport(str(path), clock, queue="headed")
+        headed.publish_many(
+            [
+                {"group_id": "h", "event": 0, "headers": {"trace": "t-0"}},
+                {"group_id": "h", "event": 1, "headers": {"trace": "t-1"}},
+                {"group_id": "hd", "event": 2, "headers": {"why": "dead"}},
+            ]
+        )
+        first = headed.claim("w5", 3600)
+        assert first is not None and first.group_id == "h", first
+        poison = headed.claim("w5", 30)
+        assert poison is not None and poison.group_id == "hd", poison
+        headed.dead_letter(poison, "bad headers")
+        headed.close()
     stats = q.stats()
     q.close()
     with sqlite3.connect(path) as db:
@@ -118,6 +134,7 @@ def make(version: int) -> int:
             "other",
             *(["tenanted"] if version >= 4 else []),
             *(["limited"] if version >= 5 else []),
+            *(["headed"] if version >= 6 else []),
         ],
         "leased": {
             "seq": leased.seq,
