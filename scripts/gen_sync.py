@@ -38,6 +38,7 @@ REPLACEMENTS = {
     "AsyncShardedTransport": "ShardedTransport",
     "AsyncFanOut": "FanOut",
     "AsyncHandoff": "Handoff",
+    "AsyncWaiter": "Waiter",
     "AsyncMutex": "Mutex",
     "AsyncCoalescer": "Coalescer",
     "Awaitable": "Same",

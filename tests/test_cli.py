@@ -75,6 +75,7 @@ COMMANDS = [
     ["backup"],
     ["restore"],
     ["demo"],
+    ["job"],
 ]
 
 
@@ -887,3 +888,39 @@ def test_tenant_limits_bounds_and_debounce(sqlite_target: Target) -> None:
     assert first.stdout == again.stdout and first.returncode == 0
     peeked = run(*target.args, "peek", "d")
     assert "v2" in peeked.stdout and "v1" not in peeked.stdout, peeked.stdout
+
+
+# ------------------------------------------------------------------------------ jobs
+
+
+def test_job_shows_waits_for_and_cancels_a_job(target: Target) -> None:
+    """`publish --keep`, then `job GROUP SEQ`: queued, then (a worker's handler) its result;
+    `--wait` and its exit status; `--cancel` of a queued message (confirmed with --yes); a job
+    it does not know."""
+    seq = int(run(*target.args, "publish", "g", '{"n": 2}', "--keep", "600").stdout)
+    shown = run(*target.args, "job", "g", str(seq), "--json")
+    assert shown.returncode == 0, shown.stderr
+    job = json.loads(shown.stdout)
+    assert (job["status"], job["event"], job["final"]) == ("queued", {"n": 2}, False)
+    waited = run(*target.args, "job", "g", str(seq), "--wait", "0.3")
+    assert waited.returncode == 124 and "queued" in waited.stdout  # still not over
+    with target.transport() as queue:
+        lease = queue.claim("w1", 30)
+        assert lease is not None and lease.keep == 600
+        queue.ack(lease, result={"double": 4})
+    done = run(*target.args, "job", "g", str(seq), "--wait")
+    assert done.returncode == 0, done.stderr
+    assert "succeeded" in done.stdout and '{"double":4}' in done.stdout and "w1" in done.stdout
+    other = int(run(*target.args, "publish", "g", '"later"', "--keep", "600").stdout)
+    refused = run(*target.args, "job", "g", str(other), "--cancel")
+    assert refused.returncode == 2  # not a terminal: --yes is required
+    cancelled = run(*target.args, "job", "g", str(other), "--cancel", "--yes", "--reason", "no")
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert f"g#{other}: cancelled" in cancelled.stdout and "no" in cancelled.stdout
+    final = json.loads(run(*target.args, "job", "g", str(other), "--json").stdout)
+    assert (final["status"], final["reason"]) == ("cancelled", "no")
+    failed = run(*target.args, "job", "g", str(other), "--wait", "1")
+    assert failed.returncode == 1  # over, and not succeeded
+    unknown = run(*target.args, "job", "g", "999999")
+    assert unknown.returncode == 1 and "no such job" in one_error_line(unknown)
+    assert run(*target.args, "job", "g", "1", "--cancel", "--wait", "1").returncode == 2

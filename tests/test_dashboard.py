@@ -196,6 +196,55 @@ def test_payloads_and_reasons_are_escaped(
         assert policy.startswith("default-src 'self';") and "script-src" not in policy
 
 
+def test_a_messages_page_shows_its_job_and_cancels_it_once_confirmed(
+    rqlite_cluster3: Cluster, queue_name: str, q: Transport
+) -> None:
+    """A message's page: its status, attempts, worker, progress, headers, payload (escaped);
+    then its result, or its error; the cancel button asks to confirm first, then cancels; a
+    message it does not know says so."""
+    seq, queued = q.publish_many(
+        [
+            {"group_id": "job", "event": XSS, "keep": 600, "headers": {"trace": "t-1"}},
+            {"group_id": "job", "event": "next", "keep": 600},
+        ]
+    )
+    lease = q.claim("w-page", 300)
+    assert lease is not None and lease.seq == seq
+    q.extend(lease, 300, progress={"done": 3, "of": 7})
+    with (
+        dashboard(rqlite_cluster3.url, queue_name, "--allow-actions") as base,
+        httpx.Client(base_url=base) as http,
+    ):
+        page = http.get("/message", params={"group": "job", "seq": seq})
+        assert page.status_code == 200
+        text = html.unescape(re.sub(r"<[^>]+>", " ", page.text))
+        for shown in ("running", "w-page", '"done": 3', "trace", "t-1"):
+            assert shown in text, shown
+        assert "<script>window.__xss" not in page.text and "&lt;script&gt;" in page.text
+        assert 'data-action="cancel_job"' in page.text
+        group = http.get("/group", params={"id": "job"}).text
+        assert f'/message?group=job&amp;seq={queued}"' in group  # the group links its messages
+        token = re.search(r'name="csrf" value="([^"]+)"', page.text)
+        assert token is not None
+        form = {"csrf": token.group(1), "group_id": "job", "seq": str(queued), "reason": "no"}
+        asked = http.post("/action/cancel_job", data={**form, "next": "/"})
+        assert asked.status_code == 200 and "Cancel message" in asked.text
+        assert q.result("job", queued).status == "queued"  # nothing done yet
+        done = http.post("/action/cancel_job", data={**form, "confirmed": "yes", "next": "/"})
+        assert done.status_code == 303
+        assert (q.result("job", queued).status, q.result("job", queued).reason) == (
+            "cancelled",
+            "no",
+        )
+        q.ack(lease, result={"ok": True})
+        page = http.get("/fragments/message", params={"group": "job", "seq": seq})
+        assert "succeeded" in page.text and "&#34;ok&#34;: true" in page.text
+        gone = http.get("/message", params={"group": "job", "seq": 10**6})
+        assert gone.status_code == 200 and 'id="message-unknown"' in gone.text
+        stats = http.get("/").text
+        assert 'data-stat="outcomes"' in stats
+
+
 def test_basic_auth_and_bearer_token(rqlite_cluster3: Cluster, queue_name: str) -> None:
     password = "p:w@/,%?#&'\"<>"  # every character a URL or a header might trip on
     with (

@@ -429,7 +429,7 @@ class StuckClaims:
 
     def _stuck(self, batch: Batch) -> bool:
         claims = any(
-            s.sql.startswith("INSERT") and "claims (token, expires_at)" in s.sql
+            s.sql.startswith("INSERT") and "claims (token, expires_at" in s.sql
             for s in batch.statements
         )
         if not claims:

@@ -22,18 +22,22 @@ T = TypeVar("T")
 
 Same = Annotated[T, "what Awaitable[T] becomes in the generated sync code: T itself"]
 __all__ = [
+    "LOCAL_CANCELS",
+    "LOCAL_OUTCOMES",
     "LOCAL_PUBLISHES",
     "SKIPPED",
     "AsyncFanOut",
     "AsyncHandoff",
     "AsyncMutex",
     "AsyncRuntime",
+    "AsyncWaiter",
     "Awaitable",
     "FanOut",
     "Handoff",
     "Mutex",
     "Same",
     "SyncRuntime",
+    "Waiter",
 ]
 
 Done = Callable[[Any, BaseException | None, Any], None]
@@ -121,6 +125,8 @@ def _report(key: Any, done: Done) -> Callable[[Future[Any]], None]:
 class AsyncRuntime:
     def __init__(self, concurrency: int) -> None:
         self._tasks: set[asyncio.Future[Any]] = set()
+        self._coroutines: dict[Any, asyncio.Future[Any]] = {}
+        """The tasks of coroutine handlers, by key (the ones `cancel` can stop)."""
         self._wake = asyncio.Event()
         self._installed: list[signal.Signals] = []
         self._loop = asyncio.get_running_loop()
@@ -162,11 +168,25 @@ class AsyncRuntime:
         future: asyncio.Future[Any]
         if is_async_handler(handler):
             future = self._loop.create_task(self._in_slot(handler, lease, key, finish, admit))
+            self._coroutines[key] = future
+            future.add_done_callback(lambda f: self._forget(key, f))
         else:
             future = self._loop.create_task(self._in_thread(handler, lease, key, finish, admit))
         self._tasks.add(future)
         future.add_done_callback(self._tasks.discard)
         future.add_done_callback(_report(key, done))  # type: ignore[arg-type]
+
+    def _forget(self, key: Any, future: asyncio.Future[Any]) -> None:
+        if self._coroutines.get(key) is future:
+            del self._coroutines[key]
+
+    def cancel(self, key: Any) -> None:
+        """Cancel the task of the coroutine handler started with `key` (a sync handler's
+        thread cannot be stopped: it sees its job cancelled, and finishes on its own). May be
+        called from another thread."""
+        future = self._coroutines.get(key)
+        if future is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(future.cancel)
 
     async def _in_slot(
         self,
@@ -285,6 +305,10 @@ class SyncRuntime:
 
         self._pool.submit(run).add_done_callback(_report(key, done))
 
+    def cancel(self, key: Any) -> None:
+        """Threads cannot be cancelled: a sync handler sees its job cancelled, and finishes on
+        its own."""
+
     def wait(self, seconds: float) -> None:
         self._wake.wait(max(0.0, seconds))
         self._wake.clear()
@@ -308,37 +332,77 @@ class SyncRuntime:
         self._previous.clear()
 
 
-class LocalPublishes:
-    """The workers of this process waiting for work, by queue name: a publish made in this
-    process wakes them at once, instead of at their next poll. (By name only: a queue of the
-    same name on another cluster wakes them too, and costs them one claim that finds nothing.)"""
+class LocalWakes:
+    """Callbacks of this process waiting for something of a key, woken by whoever does it in
+    this process (any thread), instead of at their next poll: the workers of a queue waiting
+    for work, when a publish is made (`LOCAL_PUBLISHES`, by queue name: a queue of the same
+    name on another cluster wakes them too, and costs them one claim that finds nothing);
+    workers of a queue, when a message of theirs is cancelled (`LOCAL_CANCELS`, by queue
+    name); waiters for an outcome, when a settlement of their group applies
+    (`LOCAL_OUTCOMES`, by (queue name, group id)). Others poll."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._waiting: dict[str, set[Callable[[], None]]] = {}
+        self._waiting: dict[Any, set[Callable[[], None]]] = {}
 
-    def listen(self, queue: str, wake: Callable[[], None]) -> None:
+    def listen(self, key: Any, wake: Callable[[], None]) -> None:
         with self._lock:
-            self._waiting.setdefault(queue, set()).add(wake)
+            self._waiting.setdefault(key, set()).add(wake)
 
-    def forget(self, queue: str, wake: Callable[[], None]) -> None:
+    def forget(self, key: Any, wake: Callable[[], None]) -> None:
         with self._lock:
-            waiting = self._waiting.get(queue)
+            waiting = self._waiting.get(key)
             if waiting is not None:
                 waiting.discard(wake)
                 if not waiting:
-                    del self._waiting[queue]
+                    del self._waiting[key]
 
-    def published(self, queue: str) -> None:
-        if not self._waiting:  # (the common case: no worker here; no lock)
+    def __bool__(self) -> bool:
+        return bool(self._waiting)  # (read without the lock: a hint, for the common case)
+
+    def wake(self, keys: Sequence[Any]) -> None:
+        if not self._waiting:  # (the common case: nobody waits; no lock)
             return
         with self._lock:
-            wakes = list(self._waiting.get(queue, ()))
+            wakes = [wake for key in keys for wake in self._waiting.get(key, ())]
         for wake in wakes:
             wake()
 
 
-LOCAL_PUBLISHES = LocalPublishes()
+LOCAL_PUBLISHES = LocalWakes()
+LOCAL_CANCELS = LocalWakes()
+LOCAL_OUTCOMES = LocalWakes()
+
+
+class AsyncWaiter:
+    """A wait that another thread (or task) can cut short, again and again (a waiter for an
+    outcome: `LOCAL_OUTCOMES` wakes it)."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._event = asyncio.Event()
+
+    def wake(self) -> None:
+        if not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._event.set)
+
+    async def wait(self, seconds: float) -> None:
+        """Wait `seconds`, or until `wake` (since the last wait)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._event.wait(), max(0.0, seconds))
+        self._event.clear()
+
+
+class Waiter:
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    def wake(self) -> None:
+        self._event.set()
+
+    def wait(self, seconds: float) -> None:
+        self._event.wait(max(0.0, seconds))
+        self._event.clear()
 
 
 class AsyncHandoff:

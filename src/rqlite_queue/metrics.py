@@ -25,6 +25,9 @@ linearizable read on rqlite). Every metric has a `queue` label:
 | `rqlite_queue_worker_ticks_total` | counter | messages published for due schedules |
 | `rqlite_queue_worker_published_total` | counter | follow-ups published with the worker's acks |
 | `rqlite_queue_worker_forwarded_total` | counter | sharded: follow-ups forwarded from an outbox |
+| `rqlite_queue_worker_results_total` | counter | handlers' return values kept as results |
+| `rqlite_queue_worker_cancelled_total` | counter | handlers told their message was cancelled |
+| `rqlite_queue_worker_progress_total` | counter | progress values that reached the queue |
 | `rqlite_queue_worker_claim_seconds` | histogram | time per round trip that claimed |
 | `rqlite_queue_worker_in_flight` | gauge | handlers running now |
 | `rqlite_queue_transport_resent_total` | counter | batches resent after an unknown outcome |
@@ -36,6 +39,7 @@ linearizable read on rqlite). Every metric has a `queue` label:
 | `rqlite_queue_paused` | gauge | 1 while the queue is paused, else 0 |
 | `rqlite_queue_held_groups` | gauge | groups held (never claimed until released) |
 | `rqlite_queue_delayed_groups` | gauge | groups whose head is a delayed message not due yet |
+| `rqlite_queue_outcomes` | gauge | outcomes of settled messages kept for `result()` |
 | `rqlite_queue_stats_errors_total` | counter | scrapes whose `stats()` call failed |
 | `rqlite_queue_shard_up{shard}` | gauge | sharded: 1 while the shard answers, else 0 |
 | `rqlite_queue_shard_depth{shard}` | gauge | sharded: messages on each shard that answered |
@@ -224,6 +228,13 @@ class WorkerCollector:
                 "Follow-ups forwarded from a shard's outbox to their shard.",
                 stats.forwarded,
             ),
+            ("results", "Handlers' return values kept as their message's result.", stats.results),
+            (
+                "cancelled",
+                "Handlers told that their message was cancelled (or settled unstarted).",
+                stats.cancelled,
+            ),
+            ("progress", "Progress values that reached the queue.", stats.progress),
         )
         for name, text, value in counters:
             metric = CounterMetricFamily(f"{PREFIX}_worker_{name}", text, labels=["queue"])
@@ -308,6 +319,11 @@ class WorkerCollector:
             "Groups whose head is a delayed message not due yet.",
             labels=["queue"],
         )
+        outcomes = GaugeMetricFamily(
+            f"{PREFIX}_outcomes",
+            "Outcomes of settled messages kept for result() (publish keep=).",
+            labels=["queue"],
+        )
         if snapshot is not None:
             for priority in PRIORITIES:
                 depth.add_metric([*queue, str(priority)], snapshot.by_priority.get(priority, 0))
@@ -322,8 +338,9 @@ class WorkerCollector:
             paused.add_metric(queue, 1 if snapshot.paused else 0)
             held.add_metric(queue, snapshot.held)
             delayed.add_metric(queue, snapshot.delayed_groups)
+            outcomes.add_metric(queue, snapshot.outcomes)
         yield from (depth, groups, leased, parked, dead, oldest, oldest_by_priority)
-        yield from (paused, held, delayed)
+        yield from (paused, held, delayed, outcomes)
         yield from self._tenant_families(snapshot)
         yield from self._shard_families(snapshot, with_samples)
 

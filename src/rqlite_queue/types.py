@@ -1,5 +1,6 @@
 """The values the queue hands out and takes: leases, dead letters, schedules, snapshots, what a
-round did, the shape of a `publish_many` item, and the limits callers check against."""
+round did, a job's state and outcome, the shape of a `publish_many` item, and the limits
+callers check against."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ means."""
 PublishItem = tuple[str, Any] | tuple[str, Any, int] | Mapping[str, Any]
 """`(group_id, event)`, `(group_id, event, priority)`, or a mapping with those keys (and
 optionally `dedup_id`, `delay`, `not_before`, `ttl`, `tenant`, `debounce`, `max_wait`,
-`headers`)."""
+`headers`, `keep`)."""
 MAX_HEADERS = 64
 """Most headers on one message."""
 MAX_HEADERS_BYTES = 8 * 1024
@@ -72,6 +73,18 @@ class Headers(Mapping[str, str]):
 
 NO_HEADERS = Headers()
 
+JOB_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled", "expired")
+"""The values of `JobResult.status`: `queued` (waiting: for its turn, a delay, a retry after a
+failure, a held group), `running` (leased to a worker), then one of the final ones."""
+FINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled", "expired"})
+"""The statuses of a job that is over: they never change afterwards."""
+MAX_PROGRESS_BYTES = 8 * 1024
+"""Most bytes of a job's progress value, as stored (compact JSON, UTF-8)."""
+MAX_TRACEBACK_BYTES = 16 * 1024
+"""Most bytes of an error's traceback text kept with a job (its end: the innermost frames)."""
+MAX_ERRORS = 16
+"""Most errors kept with a job (its last attempts'; older ones are dropped)."""
+
 
 @dataclass(frozen=True, slots=True, eq=False)
 class CheckedItems:
@@ -115,6 +128,9 @@ class Lease:
     headers: Headers = NO_HEADERS
     """The message's headers (`publish(headers=...)`; with OpenTelemetry, the trace context
     of its publish): a read-only mapping, empty when it has none."""
+    keep: float | None = None
+    """How long the message's outcome is kept after it settles (`publish(keep=...)`, seconds;
+    None: not kept). A Worker keeps a handler's return value as the result of such a message."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +204,9 @@ class Stats:
     """Seconds since the oldest message still queued (the lowest seq) of each group priority
     was published, for the priorities that have messages. Left out of `==`: it changes with
     the clock alone."""
+    outcomes: int = 0
+    """Outcomes of settled messages kept for `result()` (`publish(keep=...)`), not yet pruned
+    (an outcome past its time may still count until the queue's work next prunes)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,6 +279,8 @@ class Schedule:
     """After a stretch with no worker running: True, one message per missed tick; False (the
     default), one message for them all."""
     next_at: float
+    keep: float | None = None
+    """How long each tick's message keeps its outcome (`publish(keep=)`; None: not kept)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,6 +294,9 @@ class Round:
     expired: list[Lease] = field(default_factory=list)
     """Leases taken on messages whose ttl had passed: not to be handled, but dead-lettered
     (the transport does that before it returns)."""
+    cancelled: list[Lease] = field(default_factory=list)
+    """Leases taken again on messages cancelled while a lease that lapsed held them: not to be
+    handled, but settled as cancelled (the transport does that before it returns)."""
     unsettled: list[Lease] = field(default_factory=list)
     """Settlements and extensions whose shard did not answer (a sharded transport's; on one
     cluster the call raises instead): not known to be applied, to be sent again."""
@@ -326,3 +350,94 @@ class NodeView:
     leader: bool
     applied_index: int | None
     """The last Raft log entry this node has applied (None: unknown, it did not answer)."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobError:
+    """An error a handler raised while working on a message (or a failure given to `nack` or
+    `dead_letter` with `error=`)."""
+
+    type: str
+    """The exception's class, as `module.QualifiedName` (`builtins.ValueError`)."""
+    message: str
+    """`str()` of the exception."""
+    traceback: str = ""
+    """Its traceback as Python prints it, at most MAX_TRACEBACK_BYTES (the innermost frames
+    kept; '' when none was given)."""
+    attempt: int = 0
+    """The attempt it ended (`Lease.attempts`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobResult:
+    """A job's state, as `result(group_id, seq)` reads it: queued, running (with its progress
+    and attempt), or its final outcome (kept for `publish(keep=...)` seconds after it
+    settled)."""
+
+    group_id: str
+    seq: int
+    status: str
+    """One of JOB_STATUSES: `queued`, `running`, `succeeded`, `failed` (dead-lettered: see
+    `reason` and `errors`), `cancelled` (`cancel()`, `cancel_group()`), `expired` (its ttl
+    passed before it was delivered)."""
+    event: Any = None
+    """The message's payload."""
+    headers: Headers = NO_HEADERS
+    result: Any = None
+    """What its handler returned (a Worker's; `ack(lease, result=...)`), decoded by the
+    queue's codec; None when it has none (or has not succeeded)."""
+    reason: str | None = None
+    """Why it failed (its dead letter's reason), was cancelled, or expired."""
+    errors: tuple[JobError, ...] = ()
+    """The errors of its failed attempts, oldest first (at most MAX_ERRORS: the last ones)."""
+    progress: Any = None
+    """The last progress its handler reported (`current_job().progress(...)`) that reached the
+    queue (with a lease extension), or None."""
+    attempts: int = 0
+    """How many times it was claimed."""
+    workers: tuple[str, ...] = ()
+    """The ids of the workers that held it, one per attempt, oldest first."""
+    enqueued_at: float = 0.0
+    """When it was published (epoch seconds)."""
+    started_at: float | None = None
+    """When its last attempt was claimed (None: never)."""
+    finished_at: float | None = None
+    """When it settled (None: not yet)."""
+    kept_until: float | None = None
+    """When its outcome will be pruned (None: not settled, or not kept)."""
+    cancelling: str | None = None
+    """A cancel's reason, while it runs: its worker is told, and it will settle as
+    `cancelled` whatever its handler does."""
+
+    @property
+    def final(self) -> bool:
+        """Whether it is over (its status never changes again)."""
+        return self.status in FINAL_STATUSES
+
+    @property
+    def error(self) -> JobError | None:
+        """The error of its last failed attempt (None: none)."""
+        return self.errors[-1] if self.errors else None
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseCheck:
+    """What `check_leases` found of leases a worker holds (a read, no Raft entry)."""
+
+    cancelled: list[tuple[Lease, str]] = field(default_factory=list)
+    """Leases that still hold, whose message was cancelled (`cancel()`), with the reason:
+    tell the handler; any settlement of it now settles it as `cancelled`."""
+    lost: list[tuple[Lease, str]] = field(default_factory=list)
+    """Leases that no longer hold their group (cancelled with it by `cancel_group`, or taken
+    over by another worker after they lapsed), with why: their handler's work will be
+    refused."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class CheckedResult:
+    """A result value one queue checked and encoded (`check_result` returns it): its
+    settlements take it as it is."""
+
+    text: str | None = field(repr=False)
+    """The value as stored (None: no value)."""
+    origin: object = field(repr=False)

@@ -19,6 +19,7 @@ from .chains import PUBLISH_THEN_ACK, ChainConfig, run_chains
 from .checker import Op, Report, check
 from .engine import Config, run
 from .failover import FREEZE, PARTITION, FailoverConfig, FailoverReport, run_failover
+from .jobs import JobsConfig, run_jobs
 from .network import NetworkUnavailable, leftovers, private_network, why_unavailable
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -547,3 +548,31 @@ def _write_chain_section() -> None:
         "```\n" + runs + "\n```\n" + CHAINS_END + "\n"
     )
     _put_section(CHAINS_BEGIN, CHAINS_END, section)
+
+
+# ------------------------------------------------------- jobs: outcomes and cancels
+
+
+def test_jobs_keep_their_outcomes_and_cancels_through_faults(
+    rqlited_path: str, tmp_path: Path
+) -> None:
+    """Jobs on two clusters under worker SIGKILLs, a leader kill and one cluster down whole,
+    cancelled while queued and running, read over and over: every outcome as its job's kind
+    calls for, final outcomes never change or vanish, no cancelled job succeeded or retried,
+    every cancel of a running job reached its handler or its outcome."""
+    config = JobsConfig(seed=int(os.environ.get("CHAOS_SEED", "3")), jobs=40, faults=4)
+    report = run_jobs(config, rqlited_path, tmp_path)
+    print(report.summary())
+    assert report.ok, report.summary()
+    assert any(c.returned == "cancelling" for c in report.cancels), "no running job cancelled"
+    assert report.observations > config.jobs * 5
+
+
+@pytest.mark.slow
+def test_long_jobs_run(rqlited_path: str, tmp_path: Path) -> None:
+    config = JobsConfig(
+        seed=int(os.environ.get("CHAOS_SEED", "32")), jobs=200, faults=12, time_limit=300
+    )
+    report = run_jobs(config, rqlited_path, tmp_path)
+    print(report.summary())
+    assert report.ok, report.summary()

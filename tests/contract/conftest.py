@@ -52,6 +52,7 @@ ONE_TOPOLOGY_ENOUGH = {
     "test_limits",
     "test_debounce",
     "test_headers",
+    "test_outcomes",
 }
 """Modules whose checks are the same code on every rqlite topology (arguments are checked
 before any I/O; the fake clock and the injected lost replies sit above the HTTP client; admin

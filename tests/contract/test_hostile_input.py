@@ -186,6 +186,7 @@ class LookAlike:
     expires_at: float
     shard: str
     headers: Any
+    keep: Any
 
 
 WRONG_TYPES: dict[str, Any] = {

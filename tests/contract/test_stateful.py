@@ -97,6 +97,11 @@ advances = st.sampled_from([0.5, 2.5, 3.0, 5.0, 10.0, 30.0, 60.0])
 delays_ = st.sampled_from([None, None, None, None, 2.5, 10.0])
 ttls = st.sampled_from([None, None, None, None, 3.0, 30.0])
 follow_ups = st.lists(st.tuples(groups, priorities, dedup_ids, delays_), max_size=2)
+keeps = st.sampled_from([None, 20.0, 100.0, 100.0])
+"""How long a publish keeps its messages' outcomes."""
+results = st.sampled_from([None, None, 1, {"r": [2]}])
+progresses = st.sampled_from([None, None, 1, {"p": "half"}])
+reasons = st.sampled_from(["r1", "r2"])
 """A settlement's follow-ups: (group, priority, dedup id, delay)."""
 # Tenants: mostly the group's own, now and then none or another one. Debounce keys: "d1" is
 # also a dedup id (the two never fold into one another). (Drawn together: fewer draws,
@@ -155,6 +160,24 @@ class Message:
     """A later publish with this key replaces it while it is pending (not taken by a claim)."""
     due_by: float | None = None
     """Its run's bound on `due` (the first publish of the run plus its max_wait)."""
+    keep: float | None = None
+    """How long its outcome is kept once it settles (None: not kept)."""
+    cancel: str | None = None
+    """A cancel's reason: cancelled while leased (its settlement cancels it)."""
+    progress: Any = None
+    """The last progress an extension of its lease carried."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A settled message's outcome, as `result()` reads it until `kept_until`."""
+
+    status: str
+    result: Any
+    reason: str | None
+    attempts: int
+    progress: Any
+    kept_until: float
 
 
 @dataclass
@@ -208,6 +231,7 @@ class Item:
     tenant: str | None = None
     debounce: str | None = None
     due_by: float | None = None
+    keep: float | None = None
 
 
 @dataclass(frozen=True)
@@ -245,6 +269,13 @@ class Model:
         """The tenants' rows, in the order they were made (ties in `vt` go by it)."""
         self.vtime = 0.0
         """The queue's virtual time: the latest due time served."""
+        self.outcomes: dict[int, tuple[str, Outcome]] = {}
+        """seq -> (group, outcome) of the settled messages that keep theirs, not yet pruned
+        (the machine's transport prunes on every round that settles a lease for good)."""
+        self.cancelled: dict[int, float] = {}
+        """seq -> until when the record of its cancel (queued: removed) counts."""
+        self.known: set[tuple[str, int]] = set()
+        """Every (group, seq) published: what `result` and `cancel` are asked about."""
 
     def _next_created(self) -> int:
         self._created += 1
@@ -269,6 +300,7 @@ class Model:
         kind, until = self.settled.get((lease.token, lease.seq), ("", 0.0))
         if kind == how and until >= self.now:
             note_event("a settlement sent again finds its own record")
+            self._record(lease, how)  # (written again: it counts RETIRE_WINDOW from now)
             return True
         return False
 
@@ -391,6 +423,7 @@ class Model:
         tenant: str | None = None,
         debounce: str | None = None,
         max_wait: float | None = None,
+        keep: float | None = None,
     ) -> Item:
         """A message to publish as the client checks it now."""
         due = self.now + delay if delay else 0.0
@@ -399,7 +432,18 @@ class Model:
             due_by = self.now + max_wait
             due = min(due, due_by)
         expires = self.now + ttl if ttl else None
-        return Item(group_id, event, priority, dedup_id, due, expires, tenant, debounce, due_by)
+        return Item(
+            group_id,
+            event,
+            priority,
+            dedup_id,
+            due,
+            expires,
+            tenant,
+            debounce,
+            due_by,
+            keep or None,
+        )
 
     def publish(
         self,
@@ -409,9 +453,10 @@ class Model:
         dedup_id: str | None,
         delay: float | None = None,
         ttl: float | None = None,
+        keep: float | None = None,
     ) -> int:
         """One message, as follow-ups and schedules publish them (never refused)."""
-        return self._put(self.item(group_id, event, priority, dedup_id, delay, ttl))
+        return self._put(self.item(group_id, event, priority, dedup_id, delay, ttl, keep=keep))
 
     def publish_many(self, given: Sequence[Any]) -> list[int] | type[QueueError]:
         """A `publish` or `publish_many` call: the seqs, or the error it raises (nothing
@@ -445,6 +490,7 @@ class Model:
                         due=due,
                         expires=it.expires,
                         tenant=it.tenant or run.tenant,
+                        keep=it.keep,
                     )
                     note_event("publish_many folds a debounce key repeated in a group")
                 where.append(at)
@@ -513,7 +559,9 @@ class Model:
                 # Replaced in its place (seq, first publish time and run's bound kept).
                 old = g.messages[at]
                 due = item.due if old.due_by is None else min(item.due, old.due_by)
-                g.messages[at] = replace(old, event=item.event, due=due, expires=item.expires)
+                g.messages[at] = replace(
+                    old, event=item.event, due=due, expires=item.expires, keep=item.keep
+                )
                 note_event("a debounced publish replaces a pending message")
                 if at == 0:
                     self._set_ready(group_id, g, due <= self.now)
@@ -538,9 +586,17 @@ class Model:
             if self.claimable(group_id, g):
                 self._gains(tenant)
         message = Message(
-            seq, item.event, self.now, item.due, item.expires, item.debounce, item.due_by
+            seq,
+            item.event,
+            self.now,
+            item.due,
+            item.expires,
+            item.debounce,
+            item.due_by,
+            item.keep,
         )
         self.groups[group_id].messages.append(message)
+        self.known.add((group_id, seq))
         if item.dedup_id is not None:
             self.dedup[item.dedup_id] = (seq, self.now + self.dedup_window)
         return seq
@@ -551,13 +607,19 @@ class Model:
         leased: list[Predicted] = []
         while n:
             taken = self._claim_once(n, min_priority, visibility)
-            expired = [p for p in taken if self._expired(p)]
+            cancelled = [p for p in taken if self.groups[p.group_id].messages[0].cancel]
+            expired = [p for p in taken if p not in cancelled and self._expired(p)]
+            for p in cancelled:  # settled as cancelled (an ack), never handed out
+                note_event("a cancelled message whose lease lapsed is claimed again")
+                self._finish_head(p.group_id, p.seq, "succeeded")
             for p in expired:
                 note_event("a claimed message had expired")
-                self._dead_letter_head(p.group_id, p.seq)
+                self._dead_letter_head(p.group_id, p.seq, status="expired", reason="expired")
                 self.expired += 1
-            leased += [p for p in taken if not self._expired(p)]
-            n = len(expired)
+            leased += [p for p in taken if p not in cancelled and p not in expired]
+            n = len(expired) + len(cancelled)
+            if n:
+                self.prune()
         return leased
 
     def _expired(self, p: Predicted) -> bool:
@@ -677,23 +739,77 @@ class Model:
         if served:
             self.vtime = max(self.vtime, max(t.vt - 1 / t.weight for t in served))
 
-    def _dead_letter_head(self, group_id: str, seq: int, hold: bool = False) -> None:
+    def _dead_letter_head(
+        self,
+        group_id: str,
+        seq: int,
+        hold: bool = False,
+        status: str = "failed",
+        reason: str = "poison",
+    ) -> None:
+        """Dead-lettered, unless it was cancelled while leased: then cancelled, no dead
+        letter (its group held all the same, with `hold`)."""
         g = self.groups[group_id]
         head = g.messages[0]
-        self.dead.append((seq, group_id, head.event, g.priority, g.attempts))
+        if head.cancel is None:
+            self.dead.append((seq, group_id, head.event, g.priority, g.attempts))
         if hold:
             self.held.add(group_id)
-        self._finish_head(group_id, seq)
+        self._finish_head(group_id, seq, status, reason=reason)
 
-    def _finish(self, lease: Lease) -> None:
-        self._finish_head(lease.group_id, lease.seq)
+    def _finish(self, lease: Lease, result: Any = None) -> None:
+        self._finish_head(lease.group_id, lease.seq, "succeeded", result)
 
-    def _finish_head(self, group_id: str, seq: int) -> None:
-        """The held head goes; the group is free again (waiting for its next head if that is
-        delayed), or forgotten if now empty."""
+    def _keep_outcome(
+        self,
+        group_id: str,
+        message: Message,
+        status: str,
+        result: Any = None,
+        reason: str | None = None,
+        attempts: int = 0,
+    ) -> None:
+        """A message that keeps its outcome settles: kept (cancelled while leased: cancelled,
+        with the cancel's reason, whatever its settlement)."""
+        if message.keep is None:
+            return
+        if message.cancel is not None:
+            status, reason = "cancelled", message.cancel
+        elif status != "succeeded":
+            result = None
+        outcome = Outcome(
+            status, result, reason, attempts, message.progress, self.now + message.keep
+        )
+        self.outcomes[message.seq] = (group_id, outcome)
+        note_event(f"an outcome is kept: {status}")
+
+    def pruned_by(self, leases: Sequence[Lease]) -> None:
+        """A round that named these leases' settlements for good (acks, dead letters) prunes,
+        whether they held or not."""
+        if leases:
+            self.prune()
+
+    def prune(self) -> None:
+        """What a round that settles a lease for good prunes (the machine's transport prunes
+        on every such round): the outcomes past their time."""
+        for seq in [s for s, (_, o) in self.outcomes.items() if o.kept_until < self.now]:
+            note_event("an outcome past its time is pruned")
+            del self.outcomes[seq]
+
+    def _finish_head(
+        self,
+        group_id: str,
+        seq: int,
+        status: str = "succeeded",
+        result: Any = None,
+        reason: str | None = None,
+    ) -> None:
+        """The held head goes (its outcome kept, if it keeps one); the group is free again
+        (waiting for its next head if that is delayed), or forgotten if now empty."""
         g = self.groups[group_id]
         head = g.messages.popleft()
         assert head.seq == seq, "model: a holding lease is always on its group's head"
+        self._keep_outcome(group_id, head, status, result, reason, g.attempts)
         g.attempts, g.token, g.state, g.until = 0, None, "free", 0.0
         if not g.messages:
             self.retired[group_id] = (g.turn, g.created, self.now + RETIRE_WINDOW, g.tenant)
@@ -701,10 +817,10 @@ class Model:
             return
         self._set_ready(group_id, g, g.messages[0].due <= self.now)
 
-    def ack(self, lease: Lease) -> bool:
+    def ack(self, lease: Lease, result: Any = None) -> bool:
         if not self.holds(lease):
             return self.settled_before(lease, "ack")
-        self._finish(lease)
+        self._finish(lease, result)
         self._record(lease, "ack")
         return True
 
@@ -725,14 +841,21 @@ class Model:
         self.held.add(group_id)
 
     def cancel(self, group_id: str) -> int:
-        """Every message of the group goes to the dead letters (the head with its attempts);
-        the group empties (its place kept for RETIRE_WINDOW), so its lease no longer holds."""
+        """Every message of the group goes to the dead letters (the head with its attempts;
+        those that keep their outcome: cancelled); the group empties (its place kept for
+        RETIRE_WINDOW), so its lease no longer holds."""
         g = self.groups.pop(group_id, None)
         if g is None:
             return 0
         for i, message in enumerate(g.messages):
             attempts = g.attempts if i == 0 else 0
             self.dead.append((message.seq, group_id, message.event, g.priority, attempts))
+            if message.keep is not None:
+                kept_until = self.now + message.keep
+                outcome = Outcome(
+                    "cancelled", None, "cancelled", attempts, message.progress, kept_until
+                )
+                self.outcomes[message.seq] = (group_id, outcome)
         self.retired[group_id] = (g.turn, g.created, self.now + RETIRE_WINDOW, g.tenant)
         return len(g.messages)
 
@@ -803,19 +926,78 @@ class Model:
         if not self.holds(lease):
             return self.settled_before(lease, "nack")
         g = self.groups[lease.group_id]
+        if g.messages[0].cancel is not None:  # cancelled while leased: not retried
+            note_event("a nack of a cancelled message cancels it")
+            self._finish_head(lease.group_id, lease.seq, "cancelled")
+            self._record(lease, "nack")
+            return True
         g.token = None
         g.state, g.until = ("parked", self.now + delay) if delay > 0 else ("free", 0.0)
         self._set_ready(lease.group_id, g, delay <= 0)
         self._record(lease, "nack")
         return True
 
-    def extend(self, lease: Lease, visibility: float) -> bool:
+    def extend(self, lease: Lease, visibility: float, progress: Any = None) -> bool:
         if not self.holds(lease):
             return False
         g = self.groups[lease.group_id]
         g.state, g.until = "leased", self.now + visibility
         g.ready = False
+        if progress is not None:
+            g.messages[0] = replace(g.messages[0], progress=progress)
         return True
+
+    # -------------------------------------------------------------------------- jobs
+
+    def cancel_one(self, group_id: str, seq: int, reason: str) -> str | None:
+        """`cancel(group_id, seq)`: leased (its group's head, with a token): flagged,
+        "cancelling"; queued: its outcome kept (cancelled), removed (its group, if it was the
+        head, goes on with its next message), "cancelled"; neither: "cancelled" if a cancel
+        removed it within RETIRE_WINDOW (its record), else None."""
+        g = self.groups.get(group_id)
+        at = next((i for i, m in enumerate(g.messages) if m.seq == seq), None) if g else None
+        if g is None or at is None:
+            if self.cancelled.get(seq, -math.inf) >= self.now:
+                return "cancelled"
+            return None
+        message = g.messages[at]
+        if at == 0 and g.token is not None:
+            note_event("a running message is cancelled")
+            g.messages[0] = replace(message, cancel=reason)
+            return "cancelling"
+        note_event("a queued message is cancelled" + (" (the head)" if at == 0 else ""))
+        self.cancelled[seq] = self.now + RETIRE_WINDOW
+        if at == 0:  # its group goes on with its next message
+            self._finish_head(group_id, seq, "cancelled", reason=reason)
+            return "cancelled"
+        self._keep_outcome(group_id, message, "cancelled", reason=reason)
+        del g.messages[at]
+        return "cancelled"
+
+    def result(self, group_id: str, seq: int) -> tuple[Any, ...] | None:
+        """What `result()` reads: (status, result, reason, attempts, progress, kept_until,
+        cancelling)."""
+        kept = self.outcomes.get(seq)
+        if kept is not None and kept[0] == group_id and kept[1].kept_until > self.now:
+            o = kept[1]
+            return (o.status, o.result, o.reason, o.attempts, o.progress, o.kept_until, None)
+        g = self.groups.get(group_id)
+        for at, m in enumerate(g.messages if g is not None else ()):
+            if m.seq == seq:
+                assert g is not None
+                running = at == 0 and g.token is not None
+                attempts = g.attempts if at == 0 else 0
+                status = "running" if running else "queued"
+                return (status, None, None, attempts, m.progress, None, m.cancel)
+        return None
+
+    def lease_news(self, lease: Lease) -> tuple[str, str | None] | None:
+        """What `check_leases` says of a lease: ("lost", None), ("cancelled", reason), or
+        None (it holds, not cancelled)."""
+        if not self.holds(lease):
+            return ("lost", None)
+        cancel = self.groups[lease.group_id].messages[0].cancel
+        return None if cancel is None else ("cancelled", cancel)
 
 
 # -------------------------------------------------------------------------- state machine
@@ -840,6 +1022,8 @@ class QueueMachine(RuleBasedStateMachine):
         super().__init__()
         self.clock = FakeClock()
         self.q = self.open(self.clock)
+        # Prune on every round that could (not a sixteenth of them): the model knows when.
+        self.q._core.chance = lambda: 0.0
         self.model = Model(self.clock.now, DEDUP_WINDOW)
         self.events = itertools.count()
         self.naming = self.tenants
@@ -879,6 +1063,7 @@ class QueueMachine(RuleBasedStateMachine):
         delay=delays_,
         ttl=ttls,
         options=publish_options,
+        keep=keeps,
     )
     def publish(
         self,
@@ -888,6 +1073,7 @@ class QueueMachine(RuleBasedStateMachine):
         delay: float | None,
         ttl: float | None,
         options: tuple[str | None, str | None, float | None],
+        keep: float | None,
     ) -> None:
         tenant, debounce, max_wait = options
         item = {
@@ -897,6 +1083,7 @@ class QueueMachine(RuleBasedStateMachine):
             "dedup_id": dedup_id,
             "delay": delay,
             "ttl": ttl,
+            "keep": keep,
         }
         if self.naming:
             item["tenant"] = self.tenant_of(group_id) if tenant == HOME else tenant
@@ -917,17 +1104,22 @@ class QueueMachine(RuleBasedStateMachine):
         items=st.lists(st.tuples(groups, priorities, dedup_ids, debounce_keys), max_size=12),
         naming=st.sampled_from([True, True, False]),
         setup=st.lists(st.tuples(tenant_names, tenant_settings), max_size=3),
+        keep=keeps,
     )
     def a_backlog(
         self,
         items: list[tuple[str, int, str | None, str | None]],
         naming: bool,
         setup: list[tuple[str, dict[str, float]]],
+        keep: float | None = None,
     ) -> None:
-        """A backlog; with `naming`, in the groups' own tenants, then tenants set up."""
+        """A backlog (keeping its outcomes for `keep` seconds); with `naming`, in the groups'
+        own tenants, then tenants set up."""
         self.naming = self.tenants and (naming or not self.everything)
         if items:
-            self.publish_many([(g, p, d, (True, k)) for g, p, d, k in items], HOME)
+            self.publish_many(
+                [(g, p, d, (True, k)) for g, p, d, k in items], HOME, keep, every=True
+            )
         if self.naming:
             for name, settings in setup:
                 self.set_tenant(name, settings)
@@ -939,16 +1131,24 @@ class QueueMachine(RuleBasedStateMachine):
             max_size=6,
         ),
         tenant=batch_tenants,
+        keep=keeps,
     )
     def publish_many(
-        self, items: list[tuple[str, int, str | None, tuple[bool, str | None]]], tenant: str
+        self,
+        items: list[tuple[str, int, str | None, tuple[bool, str | None]]],
+        tenant: str,
+        keep: float | None = None,
+        every: bool = False,
     ) -> None:
         """Items (group, priority, dedup id, (whether it names a tenant, debounce key)): named
-        ones name their group's own tenant (HOME) or all the same one."""
+        ones name their group's own tenant (HOME) or all the same one; the first (`every`: each
+        of them) keeps its outcome for `keep` seconds (if given)."""
         batch: list[Any] = []
         for group_id, priority, dedup_id, (named, debounce) in items:
             event = next(self.events)
             item: dict[str, Any] = {"group_id": group_id, "event": event, "priority": priority}
+            if keep is not None and (every or not batch):
+                item["keep"] = keep
             if dedup_id is not None:
                 item["dedup_id"] = dedup_id
             name = self.tenant_of(group_id) if tenant == HOME else tenant
@@ -1059,21 +1259,29 @@ class QueueMachine(RuleBasedStateMachine):
         if items:
             note_event("a settlement publishes follow-ups")
 
-    @rule(lease=leases, follow=follow_ups)
-    def ack(self, lease: Lease, follow: list[tuple[str, int, str | None, float | None]]) -> None:
+    @rule(lease=leases, follow=follow_ups, result=results)
+    def ack(
+        self,
+        lease: Lease,
+        follow: list[tuple[str, int, str | None, float | None]],
+        result: Any,
+    ) -> None:
         items = self._follow_ups(follow)
         holds = self.model.holds(lease)
         applies = holds or self.model.settled_before(lease, "ack")
-        self.expect(applies, lambda: self.q.ack(lease, publish=items))
+        self.expect(applies, lambda: self.q.ack(lease, publish=items, result=result))
         if holds:
             self.publish_follow_ups(lease, items, before=True)
-        self.model.ack(lease)
+        self.model.ack(lease, result)
+        self.model.pruned_by([lease])
         if holds:
             self.publish_follow_ups(lease, items, before=False)
+        self.check_job(lease.group_id, lease.seq)
 
     @rule(leases=st.lists(leases, min_size=1, max_size=3))
     def ack_many(self, leases: list[Lease]) -> None:
         lost = self._settle_in_one_round([(lease, "ack", 0.0) for lease in leases])
+        self.model.pruned_by(leases)
         if not lost:
             self.q.ack_many(leases)
             return
@@ -1086,13 +1294,17 @@ class QueueMachine(RuleBasedStateMachine):
         applies = self.model.holds(lease) or self.model.settled_before(lease, "nack")
         self.expect(applies, lambda: self.q.nack(lease, delay))
         self.model.nack(lease, delay)
+        self.check_job(lease.group_id, lease.seq)
 
-    @rule(lease=leases, visibility=visibilities)
-    def extend(self, lease: Lease, visibility: float) -> None:
-        extended = self.expect(self.model.holds(lease), lambda: self.q.extend(lease, visibility))
-        if self.model.extend(lease, visibility):
+    @rule(lease=leases, visibility=visibilities, progress=progresses)
+    def extend(self, lease: Lease, visibility: float, progress: Any) -> None:
+        extended = self.expect(
+            self.model.holds(lease), lambda: self.q.extend(lease, visibility, progress=progress)
+        )
+        if self.model.extend(lease, visibility, progress):
             assert extended.expires_at == self.clock.now + visibility
             assert (extended.seq, extended.token) == (lease.seq, lease.token)
+        self.check_job(lease.group_id, lease.seq)
 
     @rule(lease=leases, hold=st.booleans(), follow=follow_ups)
     def dead_letter(
@@ -1107,8 +1319,10 @@ class QueueMachine(RuleBasedStateMachine):
         if holds:
             self.publish_follow_ups(lease, items, before=True)
         applied = self.model.dead_letter(lease, hold)
+        self.model.pruned_by([lease])
         if holds:
             self.publish_follow_ups(lease, items, before=False)
+        self.check_job(lease.group_id, lease.seq)
         if applied:
             dead = self.q.dead_letters(1000)
             got = [(d.seq, d.group_id, d.event, d.priority, d.attempts) for d in dead]
@@ -1151,6 +1365,7 @@ class QueueMachine(RuleBasedStateMachine):
         if lost:
             note_event("a round reports lost settlements")
         assert result.lost == lost
+        self.model.pruned_by(acks)
         predicted = self.predict_claim(n, min_priority, visibility)
         if holds:
             self.publish_follow_ups(acks[0], items, before=False)
@@ -1228,6 +1443,56 @@ class QueueMachine(RuleBasedStateMachine):
             self.q.resume()
         self.model.paused = paused
 
+    # ------------------------------------------------------------------------------ jobs
+
+    @precondition(lambda self: bool(self.model.known))
+    @rule(data=st.data())
+    def result(self, data: st.DataObject) -> None:
+        group_id, seq = data.draw(st.sampled_from(sorted(self.model.known)))
+        self.check_job(group_id, seq)
+
+    def check_job(self, group_id: str, seq: int) -> None:
+        """`result()` of one message is what the model says (after each call on a lease, on
+        the lease's message)."""
+        found = self.q.result(group_id, seq)
+        want = self.model.result(group_id, seq)
+        got = (
+            None
+            if found is None
+            else (
+                found.status,
+                found.result,
+                found.reason,
+                found.attempts,
+                found.progress,
+                found.kept_until,
+                found.cancelling,
+            )
+        )
+        assert got == want
+        if found is not None:
+            note_event(f"result() reads a job {found.status}")
+
+    @precondition(lambda self: bool(self.model.known))
+    @rule(data=st.data(), reason=reasons)
+    def cancel(self, data: st.DataObject, reason: str) -> None:
+        group_id, seq = data.draw(st.sampled_from(sorted(self.model.known)))
+        assert self.q.cancel(group_id, seq, reason) == self.model.cancel_one(group_id, seq, reason)
+        self.check_job(group_id, seq)
+
+    @rule(leases=st.lists(leases, max_size=3))
+    def check_leases(self, leases: list[Lease]) -> None:
+        check = self.q.check_leases(leases)
+        want = [self.model.lease_news(lease) for lease in leases]
+        assert check.cancelled == [
+            (lease, news[1])
+            for lease, news in zip(leases, want, strict=True)
+            if news and news[0] == "cancelled"
+        ]
+        assert [lease for lease, _ in check.lost] == [
+            lease for lease, news in zip(leases, want, strict=True) if news and news[0] == "lost"
+        ]
+
     @invariant()
     def groups_listed_match_the_model(self) -> None:
         listed = []
@@ -1285,6 +1550,7 @@ class QueueMachine(RuleBasedStateMachine):
             stats.expired,
             stats.paused,
             stats.last_seq,
+            stats.outcomes,
         ) == (
             sum(len(g.messages) for g in live),
             len(live),
@@ -1296,6 +1562,7 @@ class QueueMachine(RuleBasedStateMachine):
             m.expired,
             m.paused,
             m.last_seq,
+            len(m.outcomes),
         )
         assert stats.by_priority == by_priority
         if self.tenants:

@@ -19,7 +19,7 @@ import functools
 import os
 import sys
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -114,9 +114,10 @@ class ShardedModel:
         dedup_id: str | None,
         delay: float | None = None,
         ttl: float | None = None,
+        keep: float | None = None,
     ) -> int:
         scoped = None if dedup_id is None else f"{group_id}\0{dedup_id}"
-        return self.of(group_id).publish(group_id, event, priority, scoped, delay, ttl)
+        return self.of(group_id).publish(group_id, event, priority, scoped, delay, ttl, keep)
 
     def publish_many(self, items: list[Any]) -> list[int]:
         """One by one (the machine names no tenants and debounces nothing here)."""
@@ -126,7 +127,13 @@ class ShardedModel:
             priority, dedup_id = item.get("priority", 0), item.get("dedup_id")
             seqs.append(
                 self.publish(
-                    group_id, event, priority, dedup_id, item.get("delay"), item.get("ttl")
+                    group_id,
+                    event,
+                    priority,
+                    dedup_id,
+                    item.get("delay"),
+                    item.get("ttl"),
+                    item.get("keep"),
                 )
             )
         return seqs
@@ -137,14 +144,37 @@ class ShardedModel:
     def settled_before(self, lease: Lease, how: str) -> bool:
         return self.of(lease.group_id).settled_before(lease, how)
 
-    def ack(self, lease: Lease) -> bool:
-        return self.of(lease.group_id).ack(lease)
+    def ack(self, lease: Lease, result: Any = None) -> bool:
+        return self.of(lease.group_id).ack(lease, result)
 
     def nack(self, lease: Lease, delay: float) -> bool:
         return self.of(lease.group_id).nack(lease, delay)
 
-    def extend(self, lease: Lease, visibility: float) -> bool:
-        return self.of(lease.group_id).extend(lease, visibility)
+    def extend(self, lease: Lease, visibility: float, progress: Any = None) -> bool:
+        return self.of(lease.group_id).extend(lease, visibility, progress)
+
+    # Jobs: each on its group's shard (seqs are per shard); a round prunes the shards whose
+    # part of it settled leases for good.
+    @property
+    def known(self) -> set[tuple[str, int]]:
+        return set().union(*(m.known for m in self.shards.values()))
+
+    @property
+    def outcomes(self) -> dict[tuple[str, int], Any]:
+        return {(name, seq): o for name, m in self.shards.items() for seq, o in m.outcomes.items()}
+
+    def pruned_by(self, leases: Sequence[Lease]) -> None:
+        for name in {home(lease.group_id, SHARDS) for lease in leases}:
+            self.shards[name].prune()
+
+    def cancel_one(self, group_id: str, seq: int, reason: str) -> str | None:
+        return self.of(group_id).cancel_one(group_id, seq, reason)
+
+    def result(self, group_id: str, seq: int) -> tuple[Any, ...] | None:
+        return self.of(group_id).result(group_id, seq)
+
+    def lease_news(self, lease: Lease) -> tuple[str, str | None] | None:
+        return self.of(lease.group_id).lease_news(lease)
 
     def dead_letter(self, lease: Lease, hold: bool = False) -> bool:
         return self.of(lease.group_id).dead_letter(lease, hold)
@@ -359,11 +389,11 @@ def test_a_settlements_forward_is_not_replayed_by_the_next_claim(
         machine.settle_and_claim(acks=[], nacks=[], n=0, min_priority=0, visibility=3.0, follow=[])
         checked()
         options = ("home", None, None)
-        machine.publish("a", 0, None, None, None, options)  # group "a": on shard b
+        machine.publish("a", 0, None, None, None, options, None)  # group "a": on shard b
         checked()
         (lease,) = machine.claim(min_priority=0, visibility=3.0).values
         checked()
-        machine.extend(lease=lease, visibility=3.0)
+        machine.extend(lease=lease, visibility=3.0, progress=None)
         checked()
         machine.settle_and_claim(  # shard a claims first; "d" is on shard a
             acks=[lease, lease, lease],

@@ -18,7 +18,9 @@ import sys
 from pathlib import Path
 
 from rqlite_queue import SqliteTransport
-from rqlite_queue._protocol.sql import SCHEMA_VERSION  # the v2 code's module
+from rqlite_queue._protocol import sql  # the v2 to v6 code's module (gone since)
+
+SCHEMA_VERSION = sql.SCHEMA_VERSION
 
 HERE = Path(__file__).resolve().parent / "fixtures"
 T0 = 1_800_000_000.0

@@ -47,7 +47,7 @@ import rqlite_queue
 from rqlite_queue._protocol import schema
 from rqlite_queue.testing import Cluster
 
-PREVIOUS = "7d8bf89d7c5098068ecbb0833dd96d2aa1a6de08"
+PREVIOUS = "0e63334f841b1d71e8a5243a3131f3f58dcf5505"
 """The commit whose code is the previous schema version's (its SCHEMA_VERSION is this one's
 less one; the test checks). Choose the last commit before the one that raised SCHEMA_VERSION:
 `git log -S "SCHEMA_VERSION = N" --oneline -- src/rqlite_queue/_protocol/` names the

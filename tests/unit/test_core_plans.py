@@ -67,8 +67,8 @@ def test_a_claim_reads_its_leases_and_a_resend_reads_the_same() -> None:
     plan = claim(core(), "w", 30, 2, 0)
     # (seq, group, event, attempts, lease's end, message's end, rowid, headers, tenants on)
     rows = [
-        [9, "b", '{"n":9}', 2, NOW + 30, None, 12, '{"k":"v"}', 0],
-        [7, "a", '{"n":7}', 1, NOW + 30, None, 3, None, 0],
+        [9, "b", '{"n":9}', 2, NOW + 30, None, 12, '{"k":"v"}', 0, 60.0, None],
+        [7, "a", '{"n":7}', 1, NOW + 30, None, 3, None, 0, None, None],
     ]
     canned = reply(plan.batch, leased=Result(rows=rows))
     leases = plan.read(canned).leases
@@ -77,6 +77,7 @@ def test_a_claim_reads_its_leases_and_a_resend_reads_the_same() -> None:
         (9, "b", {"n": 9}, 2, {"k": "v"}),
     ]
     assert {x.token for x in leases} == {"w:T1"}
+    assert [x.keep for x in leases] == [None, 60.0]
     assert plan.resend_safe and plan.resend is not None and plan.read_resent is None
     resent = reply(plan.resend(), leased=Result(rows=rows))
     assert plan.read(resent).leases == leases  # in the groups' creation order, as first
@@ -85,12 +86,14 @@ def test_a_claim_reads_its_leases_and_a_resend_reads_the_same() -> None:
 def test_a_lease_on_an_expired_message_is_set_apart() -> None:
     plan = claim(core(), "w", 30, 2, 0)
     rows = [
-        [7, "a", "1", 1, NOW + 30, NOW - 1, 1, None, 0],
-        [9, "b", "2", 1, NOW + 30, NOW + 60, 2, None, 0],
+        [7, "a", "1", 1, NOW + 30, NOW - 1, 1, None, 0, None, None],
+        [9, "b", "2", 1, NOW + 30, NOW + 60, 2, None, 0, None, None],
+        [8, "c", "3", 2, NOW + 30, None, 4, None, 0, None, "stop"],
     ]
     result = plan.read(reply(plan.batch, leased=Result(rows=rows)))
     assert [x.seq for x in result.leases] == [9]
     assert [x.seq for x in result.expired] == [7]
+    assert [x.seq for x in result.cancelled] == [8]  # cancelled while a lapsed lease held it
 
 
 def test_a_claim_without_a_floor_reads_its_leases_from_returning() -> None:

@@ -8,16 +8,28 @@ the source; `_sync/queue.py` is generated from it (`scripts/gen_sync.py`): edit 
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from .. import _tracing
 from .._io.aiohttp_client import AiohttpClient
 from .._io.sqlite import AsyncSqliteExecutor
-from .._protocol import admin, messages, publish, round_spec, rounds, schedules, sharding, tenants
+from .._job import error_of
+from .._protocol import (
+    admin,
+    jobs,
+    messages,
+    publish,
+    round_spec,
+    rounds,
+    schedules,
+    sharding,
+    tenants,
+)
 from .._protocol.checks import check_id, check_int, check_seconds, show
 from .._protocol.core import (
     DEFAULT_DEDUP_WINDOW,
@@ -27,18 +39,24 @@ from .._protocol.core import (
 )
 from .._protocol.http import parse_endpoints, redact, unknown_scheme
 from .._protocol.messages import GivenMessage, Message
+from .._protocol.outcomes import poll_delays
 from .._protocol.round_spec import RoundSpec, lease_lost
 from .._protocol.schedules import ScheduleSpec
 from .._protocol.sharding import ShardList, ShardSpec, check_shard_name, parse_shard_list
+from .._runtime import LOCAL_CANCELS, LOCAL_OUTCOMES, AsyncWaiter
 from ..codec import Codec
 from ..errors import InvalidArgument, NothingListens, OutcomeUnknown, Unavailable
 from ..types import (
     MAX_BATCH,
     CheckedItems,
+    CheckedResult,
     DeadLetter,
     FollowUps,
     GroupInfo,
+    JobError,
+    JobResult,
     Lease,
+    LeaseCheck,
     NodeView,
     Probe,
     PublishItem,
@@ -173,6 +191,7 @@ class AsyncTransport:
         debounce: str | None = None,
         max_wait: float | None = None,
         headers: Mapping[str, str] | None = None,
+        keep: float | None = None,
         connection: object = None,
     ) -> int:
         """Append `event` to `group_id`'s FIFO; returns its seq. `priority` (0-4) is fixed by
@@ -199,6 +218,10 @@ class AsyncTransport:
         With OpenTelemetry (the `otel` extra, a tracer provider set), the publish's trace
         context is added to them (`traceparent`, `tracestate`).
 
+        `keep` (seconds): keep the message's outcome that long after it settles (succeeded
+        with its result, failed with its errors, cancelled, expired), for `result()`; None: the
+        transport's `keep` (by default: not kept); 0: not kept.
+
         `connection` (the embedded queue): a `sqlite3.Connection` of the caller's to the
         queue's file, with a transaction open (or in Python's default transaction mode: the
         publish begins one, as an INSERT would); the publish runs in that transaction, and
@@ -215,6 +238,7 @@ class AsyncTransport:
             debounce=debounce,
             max_wait=max_wait,
             headers=headers,
+            keep=keep,
         )
         return (await self._publish([message], connection))[0]
 
@@ -244,20 +268,32 @@ class AsyncTransport:
         leases = await self.claim_many(worker_id, visibility, 1, min_priority)
         return leases[0] if leases else None
 
-    async def ack(self, lease: Lease, *, publish: FollowUps = ()) -> None:
+    async def ack(self, lease: Lease, *, publish: FollowUps = (), result: Any = None) -> None:
         """Done: remove the message and free its group. `LeaseLost` if the lease no longer
         holds the group (then nothing changed).
 
         `publish`: follow-ups, as `publish_many` takes them (any groups, priorities, dedup
         ids, delays), published in the same transaction as the ack and only if it applies:
         the message's effects inside the queue happen exactly once (see "Exactly-once
-        effects" in the docs)."""
-        await self._settle("ack", RoundSpec(ack=[lease], publish=_follow_ups(lease, publish)))
+        effects" in the docs).
 
-    async def nack(self, lease: Lease, delay: float = 0.0) -> None:
+        `result`: kept with the message's outcome, if it keeps one (`publish(keep=...)`),
+        through the queue's codec (`EncodeError`, `PayloadTooLarge`: nothing written). A
+        message cancelled while leased settles as cancelled, whatever its ack says."""
+        spec = RoundSpec(
+            ack=[lease], publish=_follow_ups(lease, publish), results=_pairs(lease, result)
+        )
+        await self._settle("ack", spec)
+
+    async def nack(
+        self, lease: Lease, delay: float = 0.0, *, error: BaseException | JobError | None = None
+    ) -> None:
         """Give the message back: claimable now (`delay=0`) or its group parked for `delay`
-        seconds. The message stays its group's head."""
-        await self._settle("nack", RoundSpec(nack=[(lease, delay)]))
+        seconds. The message stays its group's head. `error`: what failed this attempt (an
+        exception, or a `JobError`), kept with the message's outcome if it keeps one. A
+        message cancelled while leased is not given back: it settles as cancelled."""
+        errors = _pairs(lease, _error_of(lease, error))
+        await self._settle("nack", RoundSpec(nack=[(lease, delay)], errors=errors))
 
     async def close(self) -> None:
         if not self._core.closed:
@@ -278,7 +314,7 @@ class AsyncTransport:
         """Publish many messages in one round trip, atomically, in order. Items are
         `(group_id, event)`, `(group_id, event, priority)` or mappings with those keys and
         optionally `dedup_id`, `delay`, `not_before`, `ttl`, `tenant`, `debounce`, `max_wait`,
-        `headers` (as `publish` takes them). On a
+        `headers`, `keep` (as `publish` takes them). On a
         sharded queue: atomic on each shard, not across shards (a shard that fails leaves the
         others' messages published; the error names it). `connection`: as `publish` takes
         it."""
@@ -330,15 +366,20 @@ class AsyncTransport:
         hold_dead: bool = False,
         min_priority: int = 0,
         publish: Sequence[tuple[Lease, FollowUps]] = (),
+        results: Sequence[tuple[Lease, Any]] = (),
+        errors: Sequence[tuple[Lease, BaseException | JobError]] = (),
+        progress: Sequence[tuple[Lease, Any]] = (),
     ) -> Round:
         """Settle leases (ack; nack as `(lease, delay)`; extend by `visibility`; dead-letter as
         `(lease, reason)`, holding their groups with `hold_dead`) and claim up to `n` new
         leases, in one round trip and one transaction. Leases that no longer held are listed
         in `Round.lost` (they changed nothing); nothing is raised for them. `publish`: the
         follow-ups of acked or dead-lettered leases, as `(lease, items)`, each published only
-        if its lease's settlement applies. On a sharded queue, settlements on a shard that did
-        not answer raise `PartialRound`, whose `.round` lists them in `unsettled` (the rest
-        was applied)."""
+        if its lease's settlement applies. `results` (of acked leases), `errors` (of nacked
+        or dead-lettered ones) and `progress` (of extended ones): as `ack(result=)`,
+        `nack(error=)` and `extend(progress=)` take them. On a sharded queue, settlements on a
+        shard that did not answer raise `PartialRound`, whose `.round` lists them in
+        `unsettled` (the rest was applied)."""
         spec = RoundSpec(
             worker_id=worker_id,
             visibility=visibility,
@@ -350,6 +391,9 @@ class AsyncTransport:
             dead=dead,
             hold_dead=hold_dead,
             publish=publish,
+            results=results,
+            errors=_errors_of(errors),
+            progress=progress,
         )
         checked = round_spec.check(self._core, spec, scoped=self.router.scoped_dedup)
         return await self.router.round(checked, self._by(), probe_when_idle=False)
@@ -369,10 +413,12 @@ class AsyncTransport:
             raise InvalidArgument(f"leases must be a list, got {show(leases)}")
         await self._settle("ack", RoundSpec(ack=leases))
 
-    async def extend(self, lease: Lease, visibility: float) -> Lease:
+    async def extend(self, lease: Lease, visibility: float, *, progress: Any = None) -> Lease:
         """Heartbeat: the lease now lapses `visibility` seconds from now. Returns the lease
-        with its new `expires_at`."""
-        result = await self._settle("extend", RoundSpec(extend=[lease], visibility=visibility))
+        with its new `expires_at`. `progress`: how far its job has come, a small JSON value
+        (at most 8 KiB as JSON), kept with the message (`result()` shows it; None: unchanged)."""
+        spec = RoundSpec(extend=[lease], visibility=visibility, progress=_pairs(lease, progress))
+        result = await self._settle("extend", spec)
         return result.extended[0]
 
     async def dead_letter(
@@ -382,14 +428,95 @@ class AsyncTransport:
         *,
         hold: bool = False,
         publish: FollowUps = (),
+        error: BaseException | JobError | None = None,
     ) -> None:
         """Move the message to the dead-letter table, with `reason`, and free its group (or,
         with `hold`, hold it until `release_group`). `publish`: follow-ups, as `ack` takes
-        them."""
+        them. `error`: as `nack` takes it. A message that keeps its outcome keeps it as
+        failed, with `reason`; one cancelled while leased is cancelled instead (no dead
+        letter)."""
         spec = RoundSpec(
-            dead=[(lease, reason)], hold_dead=hold, publish=_follow_ups(lease, publish)
+            dead=[(lease, reason)],
+            hold_dead=hold,
+            publish=_follow_ups(lease, publish),
+            errors=_pairs(lease, _error_of(lease, error)),
         )
         await self._settle("dead_letter", spec)
+
+    def check_result(self, value: Any) -> CheckedResult:
+        """A result checked and encoded as `ack(result=)` would (the codec, the payload
+        limit: `EncodeError`, `PayloadTooLarge`), sending nothing; this queue's settlements
+        take it as it is (a Worker checks its handlers' results where they ran)."""
+        return round_spec.check_result(self._core, value)
+
+    # ------------------------------------------------------------------------ jobs
+
+    async def result(self, group_id: str, seq: int, *, wait: float = 0.0) -> JobResult | None:
+        """Message `seq` of `group_id` as a job: `queued`, `running` (with its progress and
+        attempt), or its final outcome (kept for its publish's `keep` seconds after it
+        settled); None for a message this queue never had, or that settled without keeping
+        its outcome, or whose outcome was pruned. On a sharded queue, the group names the
+        shard.
+
+        `wait` (seconds): block until the job is over (or the time is up; then its state
+        as last read), with reads only. A waiter in the process that settles the message is
+        woken as the settlement applies; others read after 0.01 s, then twice as late each
+        time up to every 0.5 s (at most 7 reads in the first second, then 2 a second)."""
+        check_seconds(wait, "wait", allow_zero=True)
+        plan = jobs.job(self._core, group_id, seq)
+        if not wait:
+            return await self.router.on_group(group_id, plan, self._by())
+        give_up = time.monotonic() + wait
+        waiter = AsyncWaiter()
+        key = (self.queue, group_id)
+        LOCAL_OUTCOMES.listen(key, waiter.wake)  # (before the first read: no wake missed)
+        try:
+            found = await self.router.on_group(group_id, plan, self._by())
+            for delay in poll_delays():
+                if found is None or found.final:
+                    return found
+                left = give_up - time.monotonic()
+                if left <= 0:
+                    return found
+                await waiter.wait(min(delay, left))
+                polled = jobs.job(self._core, group_id, seq, local=True)
+                found = await self.router.on_group(group_id, polled, self._by())
+            return found  # (never reached: the polls go on)
+        finally:
+            LOCAL_OUTCOMES.forget(key, waiter.wake)
+
+    async def cancel(
+        self, group_id: str, seq: int, reason: str = "cancelled"
+    ) -> Literal["cancelled", "cancelling"] | None:
+        """Cancel message `seq` of `group_id`. Queued: removed at once (its outcome
+        `cancelled`, if it keeps one; its group goes on with its next message, in order):
+        "cancelled". Leased: flagged, "cancelling": its worker learns it within a
+        `heartbeat_interval` (at once in this process), tells its handler, and settles it as
+        cancelled; any settlement of it settles it so, and a claim that takes it again after
+        its lease lapsed settles it so at once: it is never retried, never reported
+        succeeded. None: nothing to cancel (it is over, or was never queued). Safe to resend
+        after a lost reply."""
+        plan = jobs.cancel(self._core, group_id, seq, reason)
+        done = await self.router.on_group(group_id, plan, self._by())
+        if done == "cancelling":
+            LOCAL_CANCELS.wake([self.queue])
+        elif done == "cancelled":
+            LOCAL_OUTCOMES.wake([(self.queue, group_id)])
+        return done  # type: ignore[return-value]
+
+    async def check_leases(self, leases: Sequence[Lease]) -> LeaseCheck:
+        """Of leases a worker holds (a read, no Raft entry): which messages were cancelled
+        while leased (tell their handlers: any settlement now settles them as cancelled), and
+        which leases no longer hold their group (cancelled with it by `cancel_group`, or
+        taken over after they lapsed): their handlers' work will be refused. On a sharded
+        queue, leases on a shard that does not answer are in neither list."""
+        news = functools.partial(jobs.lease_news, self._core)
+        news(leases)  # (checked before anything is sent)
+        found = await self.router.on_leases(leases, news, self._by())
+        return LeaseCheck(
+            [c for check in found for c in check.cancelled],
+            [lost for check in found for lost in check.lost],
+        )
 
     # ------------------------------------------------------------------------ schedules
 
@@ -404,6 +531,7 @@ class AsyncTransport:
         priority: int = 0,
         catch_up: bool = False,
         start_at: float | None = None,
+        keep: float | None = None,
     ) -> Schedule:
         """Publish `event` to `group_id` every `every` seconds, or at the times of the `cron`
         expression (UTC), from `start_at` (default: the first tick after now). Stored in the
@@ -411,7 +539,8 @@ class AsyncTransport:
         (`Worker`, or `rqlite-queue scheduler`), each exactly once. A stretch with no worker
         running gives one message for all the ticks it missed (`catch_up=True`: one per
         tick, at most 1000). Scheduling a name again replaces it. On a sharded queue it is
-        stored on its group's shard."""
+        stored on its group's shard. `keep`: how long each tick's message keeps its outcome,
+        as `publish` takes it."""
         spec = ScheduleSpec(
             name=name,
             group_id=group_id,
@@ -421,6 +550,7 @@ class AsyncTransport:
             priority=priority,
             catch_up=catch_up,
             start_at=start_at,
+            keep=keep,
         )
         return await self.router.schedule(
             schedules.schedule(self._core, spec), name, group_id, self._by()
@@ -633,6 +763,7 @@ class AsyncRqliteTransport(AsyncTransport):
         max_skew: float | None = DEFAULT_MAX_SKEW,
         skew_warning: float = 1.0,
         refused_timeout: float | None = None,
+        keep: float | None = None,
     ) -> None:
         core = QueueCore(
             queue=queue,
@@ -644,6 +775,7 @@ class AsyncRqliteTransport(AsyncTransport):
             dedup_window=dedup_window,
             dedup_key=dedup_key,
             max_skew=max_skew,
+            keep=keep,
         )
         backend = _rqlite_backend(
             url,
@@ -674,6 +806,7 @@ class AsyncSqliteTransport(AsyncTransport):
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         dedup_window: float = DEFAULT_DEDUP_WINDOW,
         dedup_key: Callable[[Any], str | None] | None = None,
+        keep: float | None = None,
     ) -> None:
         core = QueueCore(
             queue=queue,
@@ -684,6 +817,7 @@ class AsyncSqliteTransport(AsyncTransport):
             max_payload_bytes=max_payload_bytes,
             dedup_window=dedup_window,
             dedup_key=dedup_key,
+            keep=keep,
         )
         backend = _sqlite_backend(path, core, busy_timeout=busy_timeout)
         super().__init__(AsyncClusterRouter(backend), core, deadline=deadline)
@@ -716,6 +850,7 @@ class AsyncShardedTransport(AsyncTransport):
         dedup_window: float = DEFAULT_DEDUP_WINDOW,
         dedup_key: Callable[[Any], str | None] | None = None,
         max_skew: float | None = DEFAULT_MAX_SKEW,
+        keep: float | None = None,
         **options: Any,
     ) -> None:
         check_seconds(deadline, "deadline", allow_zero=False)
@@ -734,6 +869,7 @@ class AsyncShardedTransport(AsyncTransport):
             dedup_window=dedup_window,
             dedup_key=dedup_key,
             max_skew=max_skew,
+            keep=keep,
         )
         if isinstance(shards, Mapping):
             backends = _given_backends(shards, queue)
@@ -805,6 +941,29 @@ def _follow_ups(lease: Lease, items: FollowUps) -> list[tuple[Lease, FollowUps]]
     if isinstance(items, tuple) and not items:
         return []
     return [(lease, items)]
+
+
+def _pairs(lease: Lease, value: Any) -> list[tuple[Lease, Any]]:
+    return [] if value is None else [(lease, value)]
+
+
+def _error_of(lease: Lease, error: object) -> object:
+    """An exception as a job keeps it (its traceback formatted here: it reads source files);
+    anything else as given (checked later)."""
+    if isinstance(error, BaseException):
+        return error_of(error, lease.attempts if isinstance(lease, Lease) else 0)
+    return error
+
+
+def _errors_of(errors: Any) -> Any:
+    if not isinstance(errors, list | tuple):
+        return errors  # (refused when the round is checked)
+    return [
+        (pair[0], _error_of(pair[0], pair[1]))
+        if isinstance(pair, tuple) and len(pair) == 2
+        else pair
+        for pair in errors
+    ]
 
 
 def _rqlite_backend(

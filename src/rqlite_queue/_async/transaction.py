@@ -70,6 +70,7 @@ class AsyncTransaction:
         not_before: float | None = None,
         ttl: float | None = None,
         headers: Mapping[str, str] | None = None,
+        keep: float | None = None,
     ) -> Published:
         """As `queue.publish`, when the transaction commits (checked now)."""
         message = Message(
@@ -81,6 +82,7 @@ class AsyncTransaction:
             not_before=not_before,
             ttl=ttl,
             headers=headers,
+            keep=keep,
         )
         return self._add([message])
 

@@ -7,6 +7,7 @@ what threads and asyncio do differently lives in `_runtime.py`, the decisions in
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import math
 import os
@@ -19,11 +20,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import _tracing
+from .._job import Job, Result, error_of, in_job
 from .._protocol.checks import check_bool, check_int, check_seconds
 from .._protocol.messages import MAX_PUBLISH
 from .._protocol.retry import ROUND_ERRORS, Backoff
-from .._protocol.worker_policy import FailurePolicy, PriorityShare, Verdict, heartbeat_due
-from .._runtime import LOCAL_PUBLISHES, SKIPPED, AsyncRuntime, is_async_handler
+from .._protocol.worker_policy import FailurePolicy, Park, PriorityShare, Verdict, heartbeat_due
+from .._runtime import LOCAL_CANCELS, LOCAL_PUBLISHES, SKIPPED, AsyncRuntime, is_async_handler
 from ..errors import (
     AuthError,
     InvalidArgument,
@@ -32,7 +34,7 @@ from ..errors import (
     SchemaError,
     TransportClosed,
 )
-from ..types import CheckedItems, Lease, Round
+from ..types import CheckedItems, CheckedResult, JobError, Lease, Round
 from .queue import AsyncTransport
 
 log = logging.getLogger("rqlite_queue.worker")
@@ -82,6 +84,15 @@ class WorkerStats:
     forwarded: int = 0
     """Follow-ups forwarded from a shard's outbox to their own shard at the end of this
     worker's rounds (sharded queues; the periodic sweep is not counted)."""
+    results: int = 0
+    """Handlers' return values kept as their message's result (messages that keep their
+    outcome: `publish(keep=...)`)."""
+    cancelled: int = 0
+    """Handlers told that their message was cancelled (`cancel()`), and messages cancelled
+    before their handler started (settled without running it). A lease lost while its
+    handler runs (its group cancelled, or taken over) counts in `leases_lost`."""
+    progress: int = 0
+    """Progress values that reached the queue with an extension."""
     claim_seconds: float = 0.0
     """Total time spent in round trips that claimed (divide by claim_rounds for the mean)."""
     claim_rounds: int = 0
@@ -126,13 +137,19 @@ class _Pending:
     dead: list[tuple[Lease, str]] = field(default_factory=list)
     publish: list[tuple[Lease, CheckedItems]] = field(default_factory=list)
     """The follow-ups the handlers returned, with their acks."""
+    results: list[tuple[Lease, CheckedResult]] = field(default_factory=list)
+    """The values the handlers returned, with the acks of messages that keep their outcome."""
+    errors: list[tuple[Lease, JobError]] = field(default_factory=list)
+    """The errors of failed handlers, with the nacks and dead letters of messages that keep
+    their outcome."""
 
     def __bool__(self) -> bool:
         return bool(self.ack or self.nack or self.dead)
 
     def take(self) -> _Pending:
-        taken = _Pending(self.ack, self.nack, self.dead, self.publish)
+        taken = _Pending(self.ack, self.nack, self.dead, self.publish, self.results, self.errors)
         self.ack, self.nack, self.dead, self.publish = [], [], [], []
+        self.results, self.errors = [], []
         return taken
 
     def put_back(self, other: _Pending) -> None:
@@ -140,6 +157,8 @@ class _Pending:
         self.nack += other.nack
         self.dead += other.dead
         self.publish += other.publish
+        self.results += other.results
+        self.errors += other.errors
 
     def leases(self) -> list[Lease]:
         return [*self.ack, *(lease for lease, _ in self.nack), *(lease for lease, _ in self.dead)]
@@ -147,11 +166,12 @@ class _Pending:
 
 @dataclass(frozen=True, slots=True)
 class _Returned:
-    """What a handler returned (`follow_ups=True`): its follow-ups, checked, or why they fail
-    its message."""
+    """What a handler returned: its follow-ups and its result, checked, or why they fail its
+    message."""
 
     follow_ups: CheckedItems | None
     error: Exception | None
+    result: CheckedResult | None = None
 
 
 class _FollowUpRoom:
@@ -215,7 +235,23 @@ class AsyncWorker:
       `publish_many` takes them (or None); they are published with its ack, in the same
       transaction, only if the ack applies: the message's effects inside the queue happen
       exactly once. A handler that raises publishes nothing; a bad return value fails its
-      message as an exception would. (By default the return value is ignored.)
+      message as an exception would.
+    - Results: a message published with `keep=` keeps its outcome; the handler's return value
+      is its result (with `follow_ups=True`, return `Result(value, publish=[...])` to give
+      both), written with its ack. A value the queue's codec cannot store (or over the
+      payload limit) fails its message as an exception would. A message that fails for good
+      keeps the error's type, message and a bounded traceback (each failed attempt's, with
+      its retries). Without `keep=` the return value is ignored.
+    - Cancellation: every `heartbeat_interval` while handlers run, the worker asks (a read,
+      no Raft entry; at once after a `cancel()` in this process) whether their messages were
+      cancelled or their leases lost. It tells the handler (`current_job().cancelled`,
+      `wait_cancelled()`, `raise_if_cancelled()`; an async handler's task is cancelled), and
+      settles the message as cancelled however the handler ends, without retrying it (a
+      lease lost is dropped: its group was cancelled, or another worker has the message). A
+      cancelled message whose handler has not started is settled without running it.
+    - Progress: `current_job().progress(value)` (a small JSON value); the latest one goes
+      with the lease's next extension, or with a round the worker sends anyway (no Raft
+      entry of its own), and `result()` shows it.
     - Errors no retry can mend (wrong credentials, a newer schema, a closed transport) stop the
       worker: `run` raises them."""
 
@@ -279,6 +315,16 @@ class AsyncWorker:
         given back and claimed again is another lease): key, when claimed (monotonic). Popped
         by whoever comes first: the handler starting, or a give-back."""
         self._began: dict[tuple[str, int], float] = {}
+        self._jobs: dict[tuple[str, int], Job] = {}
+        """The job of each lease in `_running`, as its handler sees it (`current_job()`)."""
+        self._news: collections.deque[tuple[str, Lease, str]] = collections.deque()
+        """What the lease keeper learnt of running leases, for the loop to take in:
+        ("cancelled" or "lost", the lease, why)."""
+        self._check_now = False
+        """A message of this queue was cancelled in this process: look at once."""
+        self._progressed: set[tuple[str, int]] = set()
+        """The keys of the jobs whose handler reported progress since the last round looked
+        (their threads add to it)."""
         self._next_give_back = 0.0
         self._published_here = False
         self._last_work = -math.inf
@@ -310,7 +356,12 @@ class AsyncWorker:
         self.schedules = schedules
         self.batch_wait = float(batch_wait)
         self.follow_ups = follow_ups
-        self._finish = self._check_follow_ups if follow_ups else None
+        self._finish = functools.partial(self._returned, False) if follow_ups else None
+        """What turns a handler's return value into what it settles, where it ran (None: the
+        value is ignored, unless it is a `Result`); `_finish_kept`, for a message that keeps
+        its outcome."""
+        self._finish_kept = functools.partial(self._returned, True)
+        self._is_async = is_async_handler(handler)
         self._next_tick = 0.0
         """When (the transport's clock) to look for due schedules next."""
         self._next_due: float | None = None
@@ -342,9 +393,11 @@ class AsyncWorker:
         started = time.monotonic()
         runtime.keep(self._keep_leases)
         LOCAL_PUBLISHES.listen(self.transport.queue, self._on_local_publish)
+        LOCAL_CANCELS.listen(self.transport.queue, self._on_local_cancel)
         try:
             await self._loop(runtime, until_empty)
         finally:
+            LOCAL_CANCELS.forget(self.transport.queue, self._on_local_cancel)
             LOCAL_PUBLISHES.forget(self.transport.queue, self._on_local_publish)
             self._stopping = True
             if handle_signals:
@@ -363,6 +416,11 @@ class AsyncWorker:
         self._published_here = True
         if self._runtime is not None:
             self._runtime.wake()
+
+    def _on_local_cancel(self) -> None:
+        """A message of this queue was cancelled in this process (any thread): the lease
+        keeper looks at its running leases now, not at its next check."""
+        self._check_now = True
 
     def _on_signal(self) -> None:
         log.info("worker %s: signal received, stopping", self.worker_id)
@@ -420,6 +478,7 @@ class AsyncWorker:
                     await runtime.wait(batch_until - now)
                     continue
             batch_until = None
+            progress = self._progress_riders(extend)
             free = 0 if self._stopping else max(0, slots + self._ahead())
             floor = 0 if floor_again else self.priority.next_floor()
             pending = self._pending.take()
@@ -444,6 +503,9 @@ class AsyncWorker:
                     hold_dead=self.hold_group_on_dead_letter,
                     min_priority=floor,
                     publish=pending.publish,
+                    results=pending.results,
+                    errors=pending.errors,
+                    progress=progress,
                 )
             except PartialRound as partial:  # a shard did not answer: the rest was applied
                 result = partial.round
@@ -453,6 +515,7 @@ class AsyncWorker:
             except QueueError as exc:
                 if traced is not None:
                     traced.failed(exc)
+                self._progress_reached([], progress)
                 self._pending.put_back(pending)
                 self.stats.claim_errors += 1
                 self._round_failures += 1
@@ -471,6 +534,7 @@ class AsyncWorker:
             if free:
                 self.stats.record_claim(took)
             self._settled(pending, result, extend)
+            self._progress_reached(result.extended, progress)
             floor_again = floor > 0 and len(result.leases) < free
             idle = free > 0 and not result.leases and not floor_again and not result.forwarded
             settling = self._pending or self._retry
@@ -484,7 +548,13 @@ class AsyncWorker:
                 key = (lease.group_id, lease.seq)
                 self._running[key] = lease
                 self._waiting[id(lease)] = (key, claimed_at)
-                handler, finish = self.handler, self._finish
+                job = self._jobs[key] = Job(lease)
+                is_async = self._is_async
+                if is_async:
+                    job.on_cancel(functools.partial(runtime.cancel, key))
+                job.on_progress(functools.partial(self._progressed.add, key))
+                handler = in_job(job, self.handler, is_async)
+                finish = self._finish if lease.keep is None else self._finish_kept
                 if traced is not None and contexts is not None:
                     # In the lease's process span, its follow-ups checked within it.
                     handler = traced.handler(
@@ -494,13 +564,24 @@ class AsyncWorker:
                 runtime.start(handler, lease, key, self._on_done, finish, self._admit)
 
     async def _keep_leases(self, runtime: AsyncRuntime) -> None:
-        """Beside the loop: while a round trip is stuck (on a frozen or cut-off node, until
-        the transport gives up on it and fails over), extend the leases that fall due, of
-        running handlers and of the settlements in the stuck round, with requests of its own,
-        so that they stay ahead of their deadline (and the settlements still hold when they
-        apply)."""
+        """Beside the loop: every `heartbeat_interval` while handlers run (at once after a
+        cancel in this process), ask whether their messages were cancelled or their leases
+        lost, and tell them. And while a round trip is stuck (on a frozen or cut-off node,
+        until the transport gives up on it and fails over), extend the leases that fall due,
+        of running handlers and of the settlements in the stuck round, with requests of its
+        own, so that they stay ahead of their deadline (and the settlements still hold when
+        they apply)."""
         kept: dict[tuple[str, int], float] = {}
-        while not await runtime.pause(KEEPER_TICK):
+        next_check = time.monotonic() + self.heartbeat_interval
+        wait = KEEPER_TICK
+        while not await runtime.pause(wait):
+            if not self._running:
+                next_check = max(next_check, time.monotonic() + self.heartbeat_interval / 2)
+            elif self._check_now or time.monotonic() >= next_check:
+                self._check_now = False
+                next_check = time.monotonic() + self.heartbeat_interval
+                await self._check_running(runtime)
+            wait = max(0.001, min(KEEPER_TICK, next_check - time.monotonic()))
             started = self._round_started
             if started is None or time.monotonic() - started < KEEPER_TICK:
                 continue
@@ -526,6 +607,28 @@ class AsyncWorker:
             for lease in result.extended:
                 kept[(lease.group_id, lease.seq)] = lease.expires_at
             self._kept.append(result)
+            runtime.wake()
+
+    async def _check_running(self, runtime: AsyncRuntime) -> None:
+        """Ask (a read, no Raft entry) whether the running leases' messages were cancelled or
+        their leases lost; tell their handlers at once (the keeper's thread or task), and the
+        loop what to settle or drop."""
+        running = list(self._running.values())  # (a copy: the loop changes it)
+        try:
+            check = await self.transport.check_leases(running)
+        except QueueError as exc:
+            log.warning("worker %s: looking for cancels failed: %s", self.worker_id, exc)
+            return
+        news = False
+        for kind, found in (("cancelled", check.cancelled), ("lost", check.lost)):
+            for lease, why in found:
+                job = self._jobs.get((lease.group_id, lease.seq))
+                if job is None or job.lease.token != lease.token:
+                    continue  # settled since, or claimed again
+                if job.tell_cancelled(why) or kind == "lost":
+                    self._news.append((kind, lease, why))
+                    news = True
+        if news:
             runtime.wake()
 
     async def _worth_claiming(self, runtime: AsyncRuntime) -> bool:
@@ -629,6 +732,7 @@ class AsyncWorker:
             if self._waiting.pop(ident, None) is None:
                 continue  # its handler just started
             lease = self._running.pop(key)
+            self._jobs.pop(key, None)
             self._pending.nack.append((lease, 0.0))
             log.info(
                 "worker %s: giving back prefetched group %s seq %s (not started)",
@@ -640,42 +744,127 @@ class AsyncWorker:
 
     def _collect(self) -> None:
         """Turn finished handlers into what the next round trip settles, and take in what
-        the lease keeper's extensions did."""
+        the lease keeper's extensions and checks found."""
         while self._kept:
             kept = self._kept.popleft()
             self._took_in_extensions(kept.extended, kept.lost)
+        while self._news:
+            self._take_news(*self._news.popleft())
         later: list[tuple[tuple[str, int], BaseException | None, Any]] = []
         room: _FollowUpRoom | None = None
         while self._finished:
             key, exc, result = self._finished.popleft()
             if key not in self._running:
-                continue  # given back at shutdown while its handler ran
-            follow_ups = None
-            if isinstance(result, _Returned):  # follow_ups=True: checked where it ran
-                follow_ups, exc = result.follow_ups, result.error
+                continue  # given back at shutdown while its handler ran, or its lease lost
+            if isinstance(result, Result):  # (not checked where it ran: nothing else was)
+                result = self._returned(False, result)
+            follow_ups, value = None, None
+            if isinstance(result, _Returned):  # checked where it ran
+                follow_ups, value, exc = result.follow_ups, result.result, result.error
                 if follow_ups is not None:
                     room = room or _FollowUpRoom(self._pending, self._retry)
                     if not room.take(follow_ups):
                         later.append((key, exc, result))  # in the next round
                         continue
             lease = self._running.pop(key)
+            job = self._jobs.pop(key, None)
+            if job is not None and job.cancelled:
+                # However it ended, the message settles as cancelled (its record in the
+                # queue says so), with what the handler returned; nothing is published.
+                self._pending.ack.append(lease)
+                if value is not None:
+                    self._pending.results.append((lease, value))
+                log.info(
+                    "worker %s: group %s seq %s settled as cancelled: %s",
+                    self.worker_id,
+                    lease.group_id,
+                    lease.seq,
+                    job.cancel_reason,
+                    extra=_fields(lease, self.worker_id),
+                )
+                continue
             verdict = self.policy.verdict(lease, exc, self._rng.random)
             if verdict.kind == "ack":
                 self._pending.ack.append(lease)
                 if follow_ups:
                     self._pending.publish.append((lease, follow_ups))
-            elif verdict.kind == "nack":
+                if value is not None:
+                    self._pending.results.append((lease, value))
+                continue
+            if verdict.kind == "nack":
                 self._pending.nack.append((lease, verdict.delay))
-                _log_failure(lease, exc, verdict, self.worker_id)
             else:
                 self._pending.dead.append((lease, verdict.reason))
-                _log_failure(lease, exc, verdict, self.worker_id)
+            if lease.keep is not None and exc is not None and not isinstance(exc, Park):
+                self._pending.errors.append((lease, error_of(exc, lease.attempts)))
+            _log_failure(lease, exc, verdict, self.worker_id)
         self._finished.extend(later)
 
+    def _take_news(self, kind: str, lease: Lease, why: str) -> None:
+        """What the lease keeper's check found of a lease (its handler was told already): a
+        cancelled message whose handler has not started settles now, without running it; a
+        lease lost is dropped (its handler's work will be refused)."""
+        key = (lease.group_id, lease.seq)
+        running = self._running.get(key)
+        if running is None or running.token != lease.token:
+            return  # settled (or given back) since
+        # Not started yet: popped here, it never starts (`_admit` pops it first otherwise).
+        ident = next((i for i, (k, _) in list(self._waiting.items()) if k == key), None)
+        waiting = ident is not None and self._waiting.pop(ident, None) is not None
+        if kind == "cancelled":
+            self.stats.cancelled += 1
+            log.info(
+                "worker %s: group %s seq %s cancelled while %s: %s",
+                self.worker_id,
+                lease.group_id,
+                lease.seq,
+                "waiting for a slot" if waiting else "its handler runs",
+                why,
+                extra=_fields(lease, self.worker_id),
+            )
+            if waiting:
+                self._running.pop(key)
+                self._jobs.pop(key, None)
+                self._pending.ack.append(running)  # (settled as cancelled, not handled)
+            return
+        self._running.pop(key)
+        self._jobs.pop(key, None)
+        self.stats.leases_lost += 1
+        log.warning(
+            "lease lost while %s: group %s seq %s: %s",
+            "waiting for a slot" if waiting else "running",
+            lease.group_id,
+            lease.seq,
+            why,
+            extra=_fields(lease, self.worker_id),
+        )
+
+    def _returned(self, keeps: bool, value: Any) -> Any:
+        """What a handler returned, checked where it ran (its thread or its task, beside the
+        round trip in flight): its follow-ups (a `Result`'s, or the value itself with
+        `follow_ups=True`) and its result (a `Result`'s value, or the value itself, for a
+        message that `keeps` its outcome). A bad one fails its own message only, and they
+        are not checked again when the round is sent."""
+        if isinstance(value, Result):
+            follow, result = value.publish, value.value
+        elif self.follow_ups:
+            follow, result = value, None
+        elif keeps:
+            follow, result = None, value
+        else:
+            return None  # ignored
+        none = follow is None or (isinstance(follow, tuple | list) and not follow)
+        returned = _Returned(None, None) if none else self._check_follow_ups(follow)
+        if returned.error is not None or not keeps or result is None:
+            return returned
+        try:
+            checked = self.transport.check_result(result)
+        except InvalidArgument as bad:
+            return _Returned(None, InvalidArgument(f"the handler's result cannot be kept: {bad}"))
+        return _Returned(returned.follow_ups, None, checked)
+
     def _check_follow_ups(self, result: Any) -> _Returned:
-        """What a handler returned, its follow-ups checked and encoded where it ran (its
-        thread or its task, beside the round trip in flight): a bad one fails its own message
-        only, and they are not checked again when the round is sent."""
+        """A handler's follow-ups, checked and encoded."""
         if result is None:
             return _Returned(None, None)
         given = result
@@ -691,8 +880,12 @@ class AsyncWorker:
         return _Returned(checked if len(checked) else None, None)
 
     def _give_back_running(self) -> None:
-        """The grace period is over: give back what still runs (it can be claimed again now)."""
-        for lease in self._running.values():
+        """The grace period is over: give back what still runs (it can be claimed again now),
+        and tell the handlers (a sync one may stop early; an async one's task is cancelled)."""
+        for key, lease in self._running.items():
+            job = self._jobs.get(key)
+            if job is not None:
+                job.tell_cancelled("the worker stopped: its message was given back")
             self._pending.nack.append((lease, 0.0))
             log.warning(
                 "shutdown: giving back group %s seq %s",
@@ -701,6 +894,7 @@ class AsyncWorker:
                 extra=_fields(lease, self.worker_id),
             )
         self._running.clear()
+        self._jobs.clear()
 
     def _drop_unsent(self) -> None:
         """Stopping, the grace period over, and settlements still not applied (the cluster,
@@ -726,7 +920,11 @@ class AsyncWorker:
             if running is not None and lease.expires_at > running.expires_at:
                 self._running[key] = lease
         for lease in lost:
-            if self._running.pop((lease.group_id, lease.seq), None) is not None:
+            key = (lease.group_id, lease.seq)
+            if self._running.pop(key, None) is not None:
+                job = self._jobs.pop(key, None)
+                if job is not None:
+                    job.tell_cancelled("lease lost: its extension found another holder")
                 self.stats.leases_lost += 1
                 log.warning(
                     "lease lost while running: group %s seq %s",
@@ -740,6 +938,47 @@ class AsyncWorker:
         return [
             lease for lease in self._running.values() if heartbeat_due(lease, now, self.visibility)
         ]
+
+    def _progress_riders(self, extend: list[Lease]) -> list[tuple[Lease, str]]:
+        """The progress the round about to go carries: each lease's latest, for the leases it
+        extends, and for the other running ones whose progress last reached the queue a
+        `heartbeat_interval` ago or more (extended with it: the round is sent anyway)."""
+        progress: list[tuple[Lease, str]] = []
+        if not self._progressed:
+            return progress  # (the common case: no handler reports any)
+        extending = {(held.group_id, held.seq) for held in extend}
+        quiet_since = time.monotonic() - self.heartbeat_interval
+        for key in list(self._progressed):  # (a copy: handlers' threads add to it)
+            self._progressed.discard(key)  # (before the read: a report after it adds it back)
+            job, lease = self._jobs.get(key), self._running.get(key)
+            text = None if job is None else job.progress_to_send()
+            if job is None or lease is None or text is None:
+                continue  # finished, or nothing new
+            if key not in extending:
+                if job.sent_at > quiet_since:
+                    self._progressed.add(key)  # sent lately: for a later round
+                    continue
+                extend.append(lease)
+            progress.append((lease, text))
+        return progress
+
+    def _progress_reached(self, extended: Sequence[Lease], sent: list[tuple[Lease, str]]) -> None:
+        """The progress carried by the extensions that applied reached the queue; the rest is
+        sent again with a later round (if its lease still runs here)."""
+        if not sent:
+            return
+        applied = {(lease.group_id, lease.seq, lease.token) for lease in extended}
+        now = time.monotonic()
+        for lease, text in sent:
+            key = (lease.group_id, lease.seq)
+            job = self._jobs.get(key)
+            if job is None:
+                continue
+            if (*key, lease.token) in applied:
+                job.progress_sent(text, now)
+                self.stats.progress += 1
+            else:
+                self._progressed.add(key)
 
     def _settled(self, pending: _Pending, result: Round, extend: list[Lease]) -> None:
         if result.unsettled:  # a shard did not answer: sent again with a backoff of its own
@@ -778,6 +1017,7 @@ class AsyncWorker:
         self.stats.published += sum(
             len(items) for lease, items in pending.publish if id(lease) not in lost
         )
+        self.stats.results += sum(id(lease) not in lost for lease, _ in pending.results)
         self.stats.forwarded += result.forwarded
         self._took_in_extensions(result.extended, [lease for lease in extend if id(lease) in lost])
 
@@ -797,6 +1037,10 @@ def _split_pending(pending: _Pending, again: set[int]) -> tuple[_Pending, _Pendi
         (retry if id(dead[0]) in again else done).dead.append(dead)
     for publish in pending.publish:
         (retry if id(publish[0]) in again else done).publish.append(publish)
+    for result in pending.results:
+        (retry if id(result[0]) in again else done).results.append(result)
+    for error in pending.errors:
+        (retry if id(error[0]) in again else done).errors.append(error)
     return done, retry
 
 

@@ -1,15 +1,15 @@
-"""The queue without I/O (sans-I/O, as h11), one module per family of operations: `schema`
-(the tables, their migrations, the fence, the setup), `publish` with `messages`, `rounds`
-with `round_spec` (settle and claim, the probe), `admin`, `tenants`, `schedules`,
-`shard_tables`. Each holds its arguments' checks, its statements, the reading of their
-results and its plan functions, which take the queue's configuration (`core.QueueCore`) and
-return a `plan.Plan`. They share `plan` (the values a plan is made of), `names` (a queue's
-names, and `Sql`: a statement written once and rendered once per queue), `states` (the group
-states of `group_states` as the words of the statements) and `refusals` (a refused batch's
-typed error). Beside them: rqlite's HTTP protocol and the retry policy of one request
-(`http`, `retry`), where a group lives on a sharded queue and how shards' answers combine
-(`sharding`), a worker's decisions (`worker_policy`), backups (`backup`). Nothing here opens
-a socket, reads the clock or draws a random number of its own.
+"""The queue without I/O (sans-I/O, as h11), one module per family of operations: `schema` (the
+tables, their migrations, the fence, the setup), `publish` with `messages`, `rounds` with
+`round_spec` (settle and claim, the probe), `jobs` (a message as a job: its outcome, its
+cancel), `admin`, `tenants`, `schedules`, `shard_tables`. Each holds its arguments' checks, its
+statements, the reading of their results and its plan functions, which take the queue's
+configuration (`core.QueueCore`) and return a `plan.Plan`. They share `plan` (the values a plan
+is made of), `names` (a queue's names, and `Sql`: a statement written once and rendered once per
+queue), `states` (the group states of `group_states` as the words of the statements) and
+`refusals` (a refused batch's typed error). Beside them: rqlite's HTTP protocol and the retry
+policy of one request (`http`, `retry`), where a group lives on a sharded queue and how shards'
+answers combine (`sharding`), a worker's decisions (`worker_policy`), backups (`backup`).
+Nothing here opens a socket, reads the clock or draws a random number of its own.
 
 Every statement runs as the same text on the embedded SQLite and on rqlite (which replicates
 the SQL text and re-executes it on every node), so:

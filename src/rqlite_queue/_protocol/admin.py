@@ -182,15 +182,16 @@ def prefix_end(prefix: str) -> str | None:
 
 # Every message of a group to the dead letters, with `:reason`, in publish order; the lease in
 # flight on it fenced (its token goes: the lease's ack finds it lost); its row an empty one (a
-# hold stays).
+# hold stays). (The outcomes of those that keep theirs: cancelled, with the reason: written by
+# `messages_kept` as they go, from their dead letters.)
 _CANCEL = (
     Sql(
         """
         INSERT INTO {dead} (seq, group_id, event, priority, attempts, reason, published_at,
-          dead_at, headers)
+          dead_at, headers, keep)
         SELECT m.seq, m.group_id, m.event, g.priority,
           CASE WHEN m.seq = g.head THEN g.attempts ELSE 0 END, :reason, m.published_at, :now,
-          m.headers
+          m.headers, m.keep
         FROM {messages} m JOIN {groups} g ON g.group_id = m.group_id
         WHERE m.group_id = {text.g} ORDER BY m.seq
         """
@@ -331,8 +332,8 @@ def _requeue(some: bool) -> tuple[Sql, ...]:
     return (
         Sql(
             """
-            INSERT INTO {messages} (group_id, event, published_at, headers)
-            SELECT group_id, event, :now, headers FROM {dead} {which} ORDER BY seq
+            INSERT INTO {messages} (group_id, event, published_at, headers, keep)
+            SELECT group_id, event, :now, headers, keep FROM {dead} {which} ORDER BY seq
             """,
             which=which,
         ),
@@ -420,7 +421,8 @@ _COUNTERS = Sql(
     SELECT (SELECT value FROM {meta} WHERE "key" = 'expired'),
       EXISTS (SELECT 1 FROM {claims} WHERE token = ''),
       (SELECT seq FROM sqlite_sequence WHERE name = '{messages}'),
-      (SELECT count(*) FROM {outbox}), (SELECT value FROM {meta} WHERE "key" = 'tenants')
+      (SELECT count(*) FROM {outbox}), (SELECT value FROM {meta} WHERE "key" = 'tenants'),
+      (SELECT count(*) FROM {outcomes})
     """
 )
 # Per group, its range of the messages index (index-only, no table row read): 2.7x cheaper
@@ -453,7 +455,7 @@ def stats(core: QueueCore) -> Plan[Stats]:
 
     def read(reply: Reply) -> Stats:
         depth, groups, in_flight, parked, dead, oldest, held, delayed = reply["counts"].rows[0]
-        expired, paused, last_seq, outbox, tenants_on = reply["counters"].rows[0]
+        expired, paused, last_seq, outbox, tenants_on, outcomes = reply["counters"].rows[0]
         return Stats(
             depth=int(depth),
             groups=int(groups),
@@ -469,6 +471,7 @@ def stats(core: QueueCore) -> Plan[Stats]:
             last_seq=int(last_seq or 0),
             outbox=int(outbox or 0),
             tenants_on=bool(tenants_on),
+            outcomes=int(outcomes or 0),
             delayed_groups=int(reply["delayed_groups"].rows[0][0]),
             oldest_by_priority={
                 int(p): max(0.0, now - float(at))

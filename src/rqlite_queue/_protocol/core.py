@@ -24,6 +24,7 @@ from ..errors import (
 )
 from .checks import check_int, check_seconds, show
 from .names import Names
+from .outcomes import check_keep
 
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
 DEFAULT_DEDUP_WINDOW = 300.0
@@ -52,6 +53,7 @@ class QueueCore:
         dedup_window: float = DEFAULT_DEDUP_WINDOW,
         dedup_key: Callable[[Any], str | None] | None = None,
         max_skew: float | None = DEFAULT_MAX_SKEW,
+        keep: float | None = None,
     ) -> None:
         if not isinstance(queue, str) or not QUEUE_NAME.fullmatch(queue):
             raise InvalidArgument(
@@ -84,6 +86,9 @@ class QueueCore:
         self.dedup_window = float(dedup_window)
         self.dedup_key = dedup_key
         self.max_skew = max_skew
+        self.keep = check_keep(keep)
+        """How long the outcome of a message published without `keep=` is kept (None: not
+        kept)."""
         self.closed = False
         self.trace_headers: Callable[[], Mapping[str, str] | None] | None = None
         """What every message checked now carries besides its own headers: the trace context

@@ -17,6 +17,7 @@ from ..errors import InvalidArgument, InvalidHeaders
 from ..types import MAX_HEADERS, MAX_HEADERS_BYTES, MAX_PRIORITY, CheckedItems, PublishItem
 from .checks import MAX_SECONDS, check_id, check_int, check_seconds, check_tenant, show
 from .core import QueueCore
+from .outcomes import check_keep
 
 R = TypeVar("R", bound=tuple[Any, ...])
 
@@ -43,6 +44,8 @@ class NewMessage(NamedTuple):
     """With `debounce`: its due time never moves past this (None: no bound)."""
     headers: str | None = None
     """Its headers, encoded (a JSON object; None: none)."""
+    keep: float | None = None
+    """Seconds its outcome is kept after it settles (None: not kept)."""
 
 
 class _MakeRow(Protocol):
@@ -51,7 +54,7 @@ class _MakeRow(Protocol):
 
 _new_row: _MakeRow = tuple.__new__
 """Makes a named tuple from a tuple of all its fields, without its `__new__`'s call."""
-_CHECKED = NewMessage._fields.index("headers") + 1
+_CHECKED = NewMessage._fields.index("keep") + 1
 _LATER = tuple(NewMessage._field_defaults[f] for f in NewMessage._fields[_CHECKED:])
 """The defaults of the fields of `NewMessage` after those `checked_message` sets (none yet):
 a field added at its end needs no change here."""
@@ -76,6 +79,7 @@ class Message(NamedTuple):
     debounce: Any = None
     max_wait: Any = None
     headers: Any = None
+    keep: Any = None
 
     @classmethod
     def parse(cls, item: PublishItem) -> Message:
@@ -132,13 +136,17 @@ def checked_message(
     encode: Callable[[Any], str],
     dedup_id: Callable[[Any], str | None] | None,
     trace: TraceHeaders | None = None,
+    keep_default: float | None = None,
 ) -> NewMessage:
     """The row to insert: every field checked, the event encoded, the dedup id (given, or
     `dedup_id(event)`; None: no such function) checked, the headers checked and encoded (with
-    `trace`'s, the trace context of the publish, over the given ones)."""
+    `trace`'s, the trace context of the publish, over the given ones), how long its outcome is
+    kept (given, or `keep_default` when not; 0: not kept)."""
     if len(given) == 2:
         group_id, event = given
-        priority, given_dedup, delay, not_before, ttl, tenant, debounce, wait, head = _DEFAULTS
+        priority, given_dedup, delay, not_before, ttl, tenant, debounce, wait, head, keep = (
+            _DEFAULTS
+        )
     else:
         (
             group_id,
@@ -152,7 +160,8 @@ def checked_message(
             debounce,
             wait,
             head,
-        ) = given  # (one unpacking: cheaper than eleven attribute reads)
+            keep,
+        ) = given  # (one unpacking: cheaper than twelve attribute reads)
     check_id(group_id, "group_id")
     check_int(priority, "priority", 0, MAX_PRIORITY)
     if delay is None and not_before is None and ttl is None and debounce is wait is None:
@@ -173,9 +182,26 @@ def checked_message(
         headers = check_headers(head, trace)
     else:
         headers = None if trace is None else trace.text
+    if keep is None:
+        keep = keep_default
+    elif type(keep) is not float or not 0 < keep <= MAX_SECONDS:  # (the common case first)
+        keep = check_keep(keep, allow_zero=True)
     return _new_row(  # (`tuple.__new__`: a third of what the named tuple's own costs)
         NewMessage,
-        (group_id, text, priority, dedup, due, expires, tenant, debounce, due_by, headers, *_LATER),
+        (
+            group_id,
+            text,
+            priority,
+            dedup,
+            due,
+            expires,
+            tenant,
+            debounce,
+            due_by,
+            headers,
+            keep,
+            *_LATER,
+        ),
     )
 
 
@@ -282,10 +308,11 @@ def checked(core: QueueCore, given: Sequence[GivenMessage], *, scoped: bool) -> 
     hook = core.trace_headers
     trace = None if hook is None else TraceHeaders.of(hook())
     encode, dedup_id = core.encode, None if core.dedup_key is None else core.dedup_id
+    keep = core.keep
     rows: list[NewMessage] = []
     try:  # (one try for the list: a call per message to mark its index costs more)
         for m in given:
-            row = checked_message(m, now, encode, dedup_id, trace)
+            row = checked_message(m, now, encode, dedup_id, trace, keep)
             if scoped and row.dedup_id is not None:
                 row = row._replace(dedup_id=scoped_dedup_id(row.group_id, row.dedup_id))
             rows.append(row)

@@ -58,6 +58,11 @@ class Names:
     groups_up: str
     groups_out: str
     """The triggers that keep the tenants' counts of claimable groups (once tenants are on)."""
+    outcomes: str
+    outcomes_expiry: str
+    groups_holders: str
+    messages_kept: str
+    """The triggers that record a kept message's holders, and write its outcome (schema.py)."""
     retired: str
     """Schema v1 only (its job is done by the empty rows of `groups` since v2)."""
 
@@ -79,6 +84,7 @@ class Names:
             self.settled,
             self.outbox,
             self.tenants,
+            self.outcomes,
         )
 
 

@@ -66,7 +66,7 @@ _MARK_LAST_SEQ = Sql(
 _DEBOUNCE = Sql(
     """
     UPDATE {messages} SET event = {j.event}, expires = {j.expires},
-      due = min({j.due}, coalesce(due_by, 9e18)), headers = {j.headers}
+      due = min({j.due}, coalesce(due_by, 9e18)), headers = {j.headers}, keep = {j.keep}
     FROM json_each(:items) j
     WHERE {messages}.group_id = {j.group_id} AND {messages}.debounce = {j.debounce}
       AND {messages}.seq IS NOT (SELECT head FROM {groups} WHERE group_id = {j.group_id})
@@ -116,14 +116,12 @@ ALWAYS = Sql("true")
 
 
 @functools.cache
-def _insert(condition: Sql, unseen: bool, replaced: bool, tripwire: bool, columns: str) -> Sql:
+def _insert(
+    condition: Sql, unseen: bool, replaced: bool, tripwire: bool, columns: tuple[str, ...]
+) -> Sql:
     """Insert the items for which `condition` holds (of those with a dedup id, the unseen
-    ones; with a debounce key, those that replaced nothing), in order."""
-    extra = {"": "", "debounce": ", debounce, due_by", "headers": ", headers"}
-    extra["both"] = extra["debounce"] + extra["headers"]
-    values = {"": "", "debounce": Sql(", {j.debounce}, {j.due_by}", j=J)}
-    values["headers"] = Sql(", {j.headers}", j=J)
-    values["both"] = Sql(", {j.debounce}, {j.due_by}, {j.headers}", j=J)
+    ones; with a debounce key, those that replaced nothing), in order; `columns`: the
+    optional ones the items set (their fields of the same names)."""
     return Sql(
         """
         INSERT INTO {messages} (group_id, event, published_at, dedup_id, due, expires{extra})
@@ -131,8 +129,8 @@ def _insert(condition: Sql, unseen: bool, replaced: bool, tripwire: bool, column
         FROM json_each(:items) j WHERE {condition} {unseen} {replaced} ORDER BY j.key
         """,
         j=J,
-        extra=extra[columns],
-        values=values[columns],
+        extra="".join(f", {column}" for column in columns),
+        values=Sql("".join(f", {{j.{column}}}" for column in columns), j=J),
         published_at=_TRIPWIRE if tripwire else ":now",
         condition=condition,
         unseen=_UNSEEN if unseen else "",
@@ -378,19 +376,24 @@ def insert_messages(
     group's pending message is not inserted (its group has one, so its row is neither created
     nor refilled). `tripwire`: the insert fails if tenants are on (so the groups' rows are
     made without them: `upsert_groups`)."""
-    deduplicated = headers = named = delayed = False
+    deduplicated = headers = named = delayed = kept = False
     for m in messages:  # (one pass)
         deduplicated = deduplicated or m.dedup_id is not None
         headers = headers or m.headers is not None
         named = named or m.tenant is not None
         delayed = delayed or bool(m.due)
+        kept = kept or m.keep is not None
     if named:
         b.add(_same_tenant(condition)(n), {"items": items})
     if deduplicated:
         b.add(_MARK_LAST_SEQ(n))
-    # The headers' column is named only where a message has headers (only then: a v5 client's
-    # text); the debounce columns only where a publish may replace.
-    columns = ("both" if headers else "debounce") if replaced else ("headers" if headers else "")
+    # The headers' and keep's columns are named only where a message sets them (only then: a
+    # v5 or v6 client's text); the debounce columns only where a publish may replace.
+    columns = (
+        *(("debounce", "due_by") if replaced else ()),
+        *(("headers",) if headers else ()),
+        *(("keep",) if kept else ()),
+    )
     insert = _insert(condition, deduplicated, replaced, tripwire, columns)
     b.add(insert(n), {"items": items, "now": now}, slot="inserted")
     groups = as_json(list(dict.fromkeys(m.group_id for m in messages)))
@@ -438,9 +441,7 @@ def _bound_groups(count: int, tenants: bool, delays: bool) -> Sql:
     return upsert_groups(values, tenants=tenants, delays=delays, now=f"?{4 * count + 1}")
 
 
-_BOUND_FIELDS = attrgetter(
-    "group_id", "event", "priority", "dedup_id", "due", "expires", "tenant", "debounce", "headers"
-)
+_BOUND_FIELDS = attrgetter(*(f for f in NewMessage._fields if f != "due_by"))
 """What `_bound` reads of each message (by name, in one call)."""
 
 
@@ -463,13 +464,13 @@ def _bound(
     params: list[Any] = []
     first: dict[str, tuple[int, float]] = {}  # group id: its first message's priority, due
     wide = delayed = False
-    for group_id, event, priority, dedup_id, due, expires, tenant, debounce, head in map(
+    for group_id, event, priority, dedup_id, due, expires, tenant, debounce, head, keep in map(
         _BOUND_FIELDS, messages
     ):
         if dedup_id is not None or tenant is not None or debounce is not None:
             return None
         params += (group_id, event, now)
-        if due or expires is not None or head is not None:
+        if due or expires is not None or head is not None or keep is not None:
             wide = True
             delayed = delayed or bool(due)
         if group_id not in first:
@@ -482,6 +483,7 @@ def _bound(
                 ("due", delayed),
                 ("expires", any(m.expires is not None for m in messages)),
                 ("headers", any(m.headers is not None for m in messages)),
+                ("keep", any(m.keep is not None for m in messages)),
             )
             if given
         )
@@ -713,6 +715,7 @@ def _folded(messages: Sequence[NewMessage]) -> tuple[list[NewMessage], list[int]
                     expires=m.expires,
                     tenant=m.tenant or run.tenant,
                     headers=m.headers,
+                    keep=m.keep,
                 )
             where.append(at)
             continue

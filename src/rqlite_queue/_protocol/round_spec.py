@@ -2,7 +2,9 @@
 `settle_and_claim()` (the single calls on a lease are rounds with one settlement; a claim, one
 with none) in a `RoundSpec`, and checked once into a `CheckedRound`, which a sharded queue's
 router splits between its shards (`CheckedRound.part`) and `rounds.plan` makes a plan of. A
-new round keyword is a field here with its check, and its use in rounds.py."""
+new round keyword is a field here with its check, and its use in rounds.py. What a
+settlement keeps with its message's outcome (a result, an error, a progress) is checked here
+in the same one pass over the settlements."""
 
 from __future__ import annotations
 
@@ -12,11 +14,12 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from ..errors import InvalidArgument, LeaseLost
-from ..types import MAX_BATCH, MAX_PRIORITY, FollowUps, Lease
+from ..types import MAX_BATCH, MAX_PRIORITY, CheckedResult, FollowUps, JobError, Lease
 from . import messages
 from .checks import MAX_ID_BYTES, check_bool, check_id, check_int, check_seconds, check_text, show
 from .core import QueueCore
 from .messages import MAX_PUBLISH, NewMessage
+from .outcomes import check_error, check_progress
 
 MAX_REASON_BYTES = 64 * 1024
 TOKEN_SUFFIX_BYTES = 64
@@ -53,10 +56,22 @@ class RoundSpec:
     publish: Sequence[tuple[Lease, FollowUps]] = ()
     """Follow-ups: (a lease acked or dead-lettered in this round, the messages published with
     its settlement, as `publish_many` takes them or as `check_publish_many` returned them)."""
+    results: Sequence[tuple[Lease, Any]] = ()
+    """(a lease acked in this round, the result kept with its outcome: a value for the
+    queue's codec, or as `check_result` returned it)."""
+    errors: Sequence[tuple[Lease, Any]] = ()
+    """(a lease nacked or dead-lettered in this round, the `JobError` of its attempt: kept with
+    the message's outcome)."""
+    progress: Sequence[tuple[Lease, Any]] = ()
+    """(a lease extended in this round, its handler's progress: a small JSON value)."""
 
-    def checked(self, messages: Callable[[object], Sequence[NewMessage]]) -> CheckedRound:
+    def checked(
+        self,
+        messages: Callable[[object], Sequence[NewMessage]],
+        result: Callable[[object], str | None] = lambda value: None,
+    ) -> CheckedRound:
         """Every argument checked, once, before anything is sent anywhere (`messages`
-        checks and encodes a lease's follow-ups)."""
+        checks and encodes a lease's follow-ups, `result` a result)."""
         check_int(self.n, "n", 0, MAX_BATCH)
         check_int(self.min_priority, "min_priority", 0, MAX_PRIORITY)
         check_seconds(self.visibility, "visibility", allow_zero=False)
@@ -77,14 +92,23 @@ class RoundSpec:
         if len(given) > MAX_BATCH:
             raise InvalidArgument(f"at most {MAX_BATCH} leases settled per call")
         follow_ups = _follow_ups(self.publish, messages)
+        results = _by_lease(self.results, "results")
+        errors = _by_lease(self.errors, "errors")
+        progress = _by_lease(self.progress, "progress")
         seen: set[tuple[str, str, int]] = set()
         settlements = []
         for index, (lease, kind, reason, delay, expired) in enumerate(given):
             held = _held(lease)
             key = (held.group_id, held.token, held.seq)
-            mine = follow_ups.pop(key, ()) if kind == FINISH and key not in seen else ()
+            first = key not in seen
+            mine = follow_ups.pop(key, ()) if kind == FINISH and first else ()
+            kept: tuple[Any, ...] = ()
+            if (results or errors or progress) and first:
+                kept = _kept(kind, reason, lease, key, results, errors, progress, result)
             settlements.append(
-                Settlement(index, lease, held, kind, reason, delay, key in seen, expired, mine)
+                Settlement(
+                    index, lease, held, kind, reason, delay, not first, expired, mine, (), *kept
+                )
             )
             seen.add(key)
         if follow_ups:
@@ -92,6 +116,16 @@ class RoundSpec:
                 "publish= names a lease that is not acked or dead-lettered in this round: "
                 "follow-ups go with their lease's settlement"
             )
+        for what, verb, left in (
+            ("results", "acked", results),
+            ("errors", "nacked or dead-lettered", errors),
+            ("progress", "extended", progress),
+        ):
+            if left:
+                raise InvalidArgument(
+                    f"{what}= names a lease that is not {verb} in this round: what an outcome "
+                    f"keeps goes with its lease's settlement"
+                )
         return CheckedRound(
             self.worker_id,
             float(self.visibility),
@@ -126,6 +160,49 @@ class Settlement:
     """Published with this settlement, only if it applies."""
     outboxed: tuple[NewMessage, ...] = ()
     """Follow-ups to groups of other shards: written to this shard's outbox."""
+    result: str | None = None
+    """An ack's result, encoded, kept with the message's outcome."""
+    error: JobError | None = None
+    """A nack's or a dead letter's error, kept with the message's outcome."""
+    progress: str | None = None
+    """An extension's progress (JSON), kept with the message."""
+
+
+def _by_lease(given: object, what: str) -> dict[tuple[str, str, int], Any]:
+    """(lease, value) pairs by their lease's key (each lease once)."""
+    found: dict[tuple[str, str, int], Any] = {}
+    for pair in _items(given, what):
+        lease, value = _pair(pair, what)
+        if not isinstance(lease, Lease):
+            raise InvalidArgument(f"{what}: not a lease: {show(lease)}")
+        key = (lease.group_id, lease.token, lease.seq)
+        if key in found:
+            raise InvalidArgument(f"{what}= names a lease twice")
+        found[key] = value
+    return found
+
+
+def _kept(
+    kind: str,
+    reason: str | None,
+    lease: Lease,
+    key: tuple[str, str, int],
+    results: dict[tuple[str, str, int], Any],
+    errors: dict[tuple[str, str, int], Any],
+    progress: dict[tuple[str, str, int], Any],
+    encode: Callable[[object], str | None],
+) -> tuple[str | None, JobError | None, str | None]:
+    """What the message's outcome keeps of this settlement, given for its lease (popped: what
+    is left names a lease not settled so): the result of an ack, the error of a nack or a dead
+    letter, the progress of an extension."""
+    result = error = text = None
+    if kind == FINISH and reason is None and key in results:
+        result = encode(results.pop(key))
+    if kind in (FINISH, GIVE_BACK) and key in errors:
+        error = check_error(errors.pop(key), lease.attempts)
+    if kind == EXTEND and key in progress:
+        text = check_progress(progress.pop(key))
+    return result, error, text
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,7 +297,10 @@ def _pair(pair: object, what: str) -> tuple[Lease, Any]:
 def check(core: QueueCore, spec: RoundSpec, *, scoped: bool = False) -> CheckedRound:
     """Every argument of a round, checked once, before anything is sent anywhere. `scoped`:
     the follow-ups' dedup ids are scoped to their group (a sharded queue's)."""
-    checked = spec.checked(lambda given: messages.follow_ups(core, given, scoped=scoped))
+    checked = spec.checked(
+        lambda given: messages.follow_ups(core, given, scoped=scoped),
+        lambda value: result_text(core, value),
+    )
     core.now()
     return checked
 
@@ -236,3 +316,17 @@ def lease_lost(leases: Sequence[Lease], call: str) -> LeaseLost:
         f"cancelled",
         leases,
     )
+
+
+def check_result(core: QueueCore, value: Any) -> CheckedResult:
+    """A result, encoded (and checked against the payload limit) once."""
+    return CheckedResult(core.encode(value) if value is not None else None, core)
+
+
+def result_text(core: QueueCore, value: object) -> str | None:
+    """A result as its settlement's record carries it (encoded; None: none)."""
+    if isinstance(value, CheckedResult):
+        if value.origin is not core:
+            raise InvalidArgument("this result was checked by another queue")
+        return value.text
+    return None if value is None else core.encode(value)

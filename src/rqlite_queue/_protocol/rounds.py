@@ -26,23 +26,26 @@ from .checks import check_int
 from .core import QueueCore
 from .messages import NewMessage
 from .names import Fields, Names, Sql, as_json
+from .outcomes import error_text
 from .plan import Batch, Builder, Known, Plan, Reply, Steps
 from .publish import PRUNE_CHANCE, insert_messages
 from .round_spec import EXTEND, FINISH, GIVE_BACK, CheckedRound, Held, RoundSpec, Settlement
 from .round_spec import check as check_round
-from .schema import RETIRE_WINDOW
+from .schema import ACKED, DEAD_LETTERED, EXPIRED, GIVEN_BACK, RETIRE_WINDOW, errors_after
 from .tenants import ALLOWANCE, BUCKET, ROOM, TenantsTurnedOn, float_or_none, turn_on
 
 TENANTS_ON_ERROR = "NOT NULL constraint failed: {claims}.expires_at"
 """How a claim that assumed tenants off fails once they are on (its claim token's tripwire)."""
 
-ACKED, DEAD_LETTERED, GIVEN_BACK = 1, 2, 3
-"""How a lease was settled (`settled.kind`)."""
 
 # The JSON items of a round's statements: a lease's fields first, then what the statement
 # needs of it.
 HELD = Fields("j", Held._fields)
 SETTLEMENT = Fields("j", (*Held._fields, "kind"))
+KEPT_SETTLEMENT = Fields("j", (*Held._fields, "kind", "result", "error"))
+"""A settlement with what its message's outcome takes from it (an ack's result, an error)."""
+NOTE = Fields("j", (*Held._fields, "text"))
+"""A lease's error (a give-back's) or progress (an extension's), as JSON text."""
 FINISHED = Fields("j", (*Held._fields, "hold"))
 DEAD = Fields("j", (*Held._fields, "reason"))
 CHANGE = Fields("j", (*Held._fields, "until", "parked", "keep"))
@@ -74,6 +77,15 @@ class Settle:
     outboxed: Sequence[tuple[Held, NewMessage]] = ()
     """The same, for groups on other shards: written to the outbox, forwarded later."""
     dedup_until: float = 0.0
+    kept: Mapping[int, tuple[str | None, str | None]] = field(default_factory=dict)
+    """seq -> (result, error) of a finished lease whose message keeps its outcome (encoded,
+    JSON; None: none): its settlement's record carries them to the outcome."""
+    expired_seqs: frozenset[int] = frozenset()
+    """seqs of the finished leases on messages whose ttl passed (recorded as EXPIRED)."""
+    errors: Sequence[tuple[Held, str]] = ()
+    """The errors (JSON) of given-back leases whose messages keep their outcome."""
+    progress: Sequence[tuple[Held, str]] = ()
+    """The progress (JSON) of extended leases."""
 
     @property
     def count(self) -> int:
@@ -84,7 +96,14 @@ class Settle:
 
     def kinds(self) -> list[int]:
         """The `settled.kind` of each of `all()` (0: an extension, never recorded)."""
-        finished = [ACKED if h.seq not in self.dead else DEAD_LETTERED for h in self.finish]
+        finished = [
+            ACKED
+            if h.seq not in self.dead
+            else EXPIRED
+            if h.seq in self.expired_seqs
+            else DEAD_LETTERED
+            for h in self.finish
+        ]
         return [*finished, *[GIVEN_BACK] * len(self.give_back), *[0] * len(self.extend)]
 
 
@@ -110,9 +129,9 @@ _LEASE_HOLDS = Sql(
 _OUTBOXED = Sql(
     """
     INSERT INTO {outbox} (group_id, event, priority, dedup_id, due, expires, tenant, created_at,
-      headers)
+      headers, keep)
     SELECT {j.group_id}, {j.event}, {j.priority}, {j.dedup_id}, {j.due}, {j.expires},
-      {j.tenant}, :now, {j.headers}
+      {j.tenant}, :now, {j.headers}, {j.keep}
     FROM json_each(:o) j WHERE {holds} ORDER BY j.key
     """,
     j=FOLLOW_UP,
@@ -160,25 +179,32 @@ _LOST = Sql(
     holds=_HOLDS,
     earlier=_EARLIER,
 )
-# The record of each settlement that holds (or of one an earlier send applied).
-_RECORDED = Sql(
-    """
-    INSERT INTO {settled} (token, seq, kind, expires_at)
-    SELECT {j.token}, {j.seq}, {j.kind}, :e FROM json_each(:rec) j
+# The record of each settlement that holds (or of one an earlier send applied); with what the
+# outcomes of messages that keep theirs take from it (the variant for a round with such).
+_RECORDED_TEXT = """
+    INSERT INTO {settled} (token, seq, kind, expires_at{columns})
+    SELECT {j.token}, {j.seq}, {j.kind}, :e{values} FROM json_each(:rec) j
     WHERE EXISTS (SELECT 1 FROM {groups} g WHERE {holds}) OR {earlier}
     ON CONFLICT (token, seq) DO UPDATE SET expires_at = excluded.expires_at
-    """,
-    j=SETTLEMENT,
+    """
+_RECORDED = Sql(_RECORDED_TEXT, j=SETTLEMENT, holds=_HOLDS, earlier=_EARLIER, columns="", values="")
+_RECORDED_KEPT = Sql(
+    _RECORDED_TEXT,
+    j=KEPT_SETTLEMENT,
     holds=_HOLDS,
     earlier=_EARLIER,
+    columns=", result, error",
+    values=Sql(", {j.result}, {j.error}", j=KEPT_SETTLEMENT),
 )
+# (A message cancelled while leased is not dead-lettered: it is cancelled.)
 _DEAD = Sql(
     """
     INSERT INTO {dead} (seq, group_id, event, priority, attempts, reason, published_at,
-      dead_at, headers)
+      dead_at, headers, keep)
     SELECT m.seq, m.group_id, m.event, g.priority, g.attempts, {j.reason}, m.published_at,
-      :now, m.headers
+      :now, m.headers, m.keep
     FROM json_each(:dead) j JOIN {groups} g ON {holds} JOIN {messages} m ON m.seq = g.head
+    WHERE m.cancel IS NULL
     """,
     j=DEAD,
     holds=_HOLDS,
@@ -192,7 +218,7 @@ _DONE = Sql(
 )
 # A finished lease's group: free again; or waiting for its next message, due later (`d`); or
 # empty (its row kept for RETIRE_WINDOW, see schema.py).
-_FREED = Sql(
+FREED = Sql(
     """
     ready = CASE WHEN d IS NULL THEN {EMPTY.ready} WHEN d > :now THEN {DELAYED.ready}
       ELSE {READY.ready} END,
@@ -214,11 +240,68 @@ _FINISHED = Sql(
     WHERE g.group_id = i AND g.token = t AND g.head = q
     """,
     j=FINISHED,
-    freed=_FREED,
+    freed=FREED,
 )
 
 
 _EXPIRED = Sql("""UPDATE {meta} SET value = value + :k WHERE "key" = 'expired'""")
+# Before leases are given back: the errors of their attempts join their messages' (those that
+# keep their outcome); a message cancelled while leased is not given back but settled as
+# cancelled (gone: its outcome written by `messages_kept`; its group free for its next).
+_ERRORS = Sql(
+    """
+    UPDATE {messages} SET errors = {errors} FROM json_each(:errs) j
+    WHERE seq = {j.seq} AND keep IS NOT NULL AND EXISTS (SELECT 1 FROM {groups} g WHERE {holds})
+    """,
+    j=NOTE,
+    errors=errors_after("errors", Sql("{j.text}", j=NOTE)),
+    holds=_HOLDS,
+)
+_CANCELLED_BACK = Sql(
+    """
+    DELETE FROM {messages} WHERE seq IN (
+      SELECT g.head FROM json_each(:back) j JOIN {groups} g ON {holds}
+      JOIN {messages} m ON m.seq = g.head WHERE m.cancel IS NOT NULL)
+    """,
+    holds=_HOLDS,
+)
+_CANCELLED_FREED = Sql(
+    """
+    UPDATE {groups} AS g SET {freed} FROM (
+      SELECT {j.group_id} i, {j.token} t, {j.seq} q, (
+        SELECT due FROM {messages} m WHERE m.group_id = {j.group_id} ORDER BY seq LIMIT 1) d
+      FROM json_each(:back) j)
+    WHERE g.group_id = i AND g.token = t AND g.head = q
+      AND NOT EXISTS (SELECT 1 FROM {messages} WHERE seq = q)
+    """,
+    j=HELD,
+    freed=FREED,
+)
+# The progress of extended leases, on their messages (before the extension: its check of the
+# lease is the same).
+_PROGRESS = Sql(
+    """
+    UPDATE {messages} SET progress = {j.text} FROM json_each(:prog) j
+    WHERE seq = {j.seq} AND EXISTS (SELECT 1 FROM {groups} g WHERE {holds})
+    """,
+    j=NOTE,
+    holds=_HOLDS,
+)
+
+
+def _giving_back(b: Builder, n: Names, s: Settle, now: float) -> None:
+    """The statements before the give-backs change their groups (`_ERRORS`, then the cancelled
+    messages settled as such), and the extensions' progress."""
+    if s.errors:
+        b.add(_ERRORS(n), {"errs": as_json([[*h, e] for h, e in s.errors])})
+    if s.give_back:
+        back = as_json([h for h, _ in s.give_back])
+        b.add(_CANCELLED_BACK(n), {"back": back})
+        b.add(_CANCELLED_FREED(n), {"back": back, "retire": now + RETIRE_WINDOW, "now": now})
+    if s.progress:
+        b.add(_PROGRESS(n), {"prog": as_json([[*h, text] for h, text in s.progress])})
+
+
 # Nack now, park, or extend: `until` (0: claimable now), `parked`, `keep` the token.
 _CHANGED = Sql(
     """
@@ -236,13 +319,18 @@ def _settle(b: Builder, n: Names, s: Settle, now: float) -> None:
     if s.count == 1:
         _settle_one(b, n, s, now)
         return
-    every = [[*h, kind] for h, kind in zip(s.all(), s.kinds(), strict=True)]
-    recorded = [item for item in every if item[-1]]
+    pairs = list(zip(s.all(), s.kinds(), strict=True))
+    every = [[*h, kind] for h, kind in pairs]
+    recorded: list[list[object]] = [item for item in every if item[-1]]
     if s.count > 1:
         b.add(_LOST(n), {"all": as_json(every), "now": now}, slot="lost")
     if recorded:
+        record = _RECORDED
+        if s.kept:  # what the outcomes of kept messages take from their settlements' records
+            record = _RECORDED_KEPT
+            recorded = [[*h, kind, *s.kept.get(h.seq, _NONE_KEPT)] for h, kind in pairs if kind]
         params = {"rec": as_json(recorded), "e": now + RETIRE_WINDOW, "now": now}
-        b.add(_RECORDED(n), params, slot="recorded")
+        b.add(record(n), params, slot="recorded")
     if s.finish:
         done = as_json([[*h, int(h.seq in s.hold)] for h in s.finish])
         if s.dead:
@@ -253,10 +341,14 @@ def _settle(b: Builder, n: Names, s: Settle, now: float) -> None:
         b.add(_FINISHED(n), params, slot="finished")
     if s.expired:
         b.add(_EXPIRED(n), {"k": s.expired})
+    _giving_back(b, n, s, now)
     if s.give_back or s.extend:
         changes = [[*h, until, _parked(until), 0] for h, until in s.give_back]
         changes += [[*h, s.extend_until, LEASED.parked, 1] for h in s.extend]
         b.add(_CHANGED(n), {"changes": as_json(changes)}, slot="changed")
+
+
+_NONE_KEPT = (None, None)
 
 
 def _parked(until: float) -> int:
@@ -271,24 +363,25 @@ def _parked(until: float) -> int:
 _HOLDS_ONE = Sql("EXISTS (SELECT 1 FROM {groups} WHERE group_id = :g AND token = :t AND head = :q)")
 # The record of the settlement if it holds (or if an earlier send applied it: it counts, so
 # that the settlement reads its outcome from this statement).
-_RECORDED_ONE = Sql(
-    """
-    INSERT INTO {settled} (token, seq, kind, expires_at) SELECT :t, :q, :kind, :e
+_RECORDED_ONE_TEXT = """
+    INSERT INTO {settled} (token, seq, kind, expires_at{columns}) SELECT :t, :q, :kind, :e{values}
     WHERE {holds} OR EXISTS (
       SELECT 1 FROM {settled} WHERE token = :t AND seq = :q AND kind = :kind
       AND expires_at >= :now)
     ON CONFLICT (token, seq) DO UPDATE SET expires_at = excluded.expires_at
-    """,
-    holds=_HOLDS_ONE,
+    """
+_RECORDED_ONE = Sql(_RECORDED_ONE_TEXT, holds=_HOLDS_ONE, columns="", values="")
+_RECORDED_ONE_KEPT = Sql(
+    _RECORDED_ONE_TEXT, holds=_HOLDS_ONE, columns=", result, error", values=", :res, :err"
 )
 _DEAD_ONE = Sql(
     """
     INSERT INTO {dead} (seq, group_id, event, priority, attempts, reason, published_at,
-      dead_at, headers)
+      dead_at, headers, keep)
     SELECT m.seq, m.group_id, m.event, g.priority, g.attempts, :reason, m.published_at, :now,
-      m.headers
+      m.headers, m.keep
     FROM {groups} g JOIN {messages} m ON m.seq = g.head
-    WHERE g.group_id = :g AND g.token = :t AND g.head = :q
+    WHERE g.group_id = :g AND g.token = :t AND g.head = :q AND m.cancel IS NULL
     """
 )
 _DONE_ONE = Sql("DELETE FROM {messages} WHERE seq = :q AND {holds}", holds=_HOLDS_ONE)
@@ -300,7 +393,7 @@ _FINISHED_ONE = Sql(
       SELECT (SELECT due FROM {messages} WHERE group_id = :g ORDER BY seq LIMIT 1) d)
     WHERE group_id = :g AND token = :t AND head = :q
     """,
-    freed=_FREED,
+    freed=FREED,
 )
 
 
@@ -319,7 +412,12 @@ def _settle_one(b: Builder, n: Names, s: Settle, now: float) -> None:
     lease = {"g": held.group_id, "t": held.token, "q": held.seq}
     if kind:
         params = {**lease, "kind": kind, "e": now + RETIRE_WINDOW, "now": now}
-        b.add(_RECORDED_ONE(n), params, slot="recorded")
+        kept = s.kept.get(held.seq)
+        if kept is None:
+            b.add(_RECORDED_ONE(n), params, slot="recorded")
+        else:
+            params["res"], params["err"] = kept
+            b.add(_RECORDED_ONE_KEPT(n), params, slot="recorded")
     if s.finish:
         if s.dead:
             b.add(_DEAD_ONE(n), {**lease, "reason": s.dead[held.seq], "now": now})
@@ -328,6 +426,7 @@ def _settle_one(b: Builder, n: Names, s: Settle, now: float) -> None:
         b.add(_FINISHED_ONE(n), params, slot="finished")
     if s.expired:
         b.add(_EXPIRED(n), {"k": s.expired})
+    _giving_back(b, n, s, now)
     if s.give_back or s.extend:
         if s.give_back:
             until, parked, keep = s.give_back[0][1], _parked(s.give_back[0][1]), 0
@@ -429,7 +528,9 @@ _HEADS = Sql(
     head, group_id, (SELECT event FROM {messages} WHERE seq = head), attempts, until,
     (SELECT expires FROM {messages} WHERE seq = head), rowid,
     (SELECT headers FROM {messages} WHERE seq = head),
-    (SELECT value FROM {meta} WHERE "key" = 'tenants')
+    (SELECT value FROM {meta} WHERE "key" = 'tenants'),
+    (SELECT keep FROM {messages} WHERE seq = head),
+    (SELECT cancel FROM {messages} WHERE seq = head)
     """
 )
 
@@ -449,6 +550,13 @@ class Leased(NamedTuple):
     headers: str | None
     """Its headers, as stored (None: none)."""
     tenants_on: int
+    keep: float | None
+    """How long its outcome is kept (None: not kept)."""
+    cancel: str | None
+    """A cancel's reason: it was cancelled while a lease that lapsed held it."""
+
+
+TENANTS_COLUMN = Leased._fields.index("tenants_on")
 
 
 @functools.cache
@@ -509,13 +617,13 @@ _VTIME_SERVED = Sql(
     first_send=_FIRST_SEND,
 )
 # A token claims once; it is remembered until RETIRE_WINDOW after its leases' deadline.
-_TOKEN_FAIR = Sql("INSERT OR IGNORE INTO {claims} (token, expires_at) VALUES (:k, :e)")
+_TOKEN_FAIR = Sql("INSERT OR IGNORE INTO {claims} (token, expires_at, at) VALUES (:k, :e, :now)")
 # Tenants on (the row of token '*'): the batch fails (TENANTS_ON_ERROR), so that the client
 # learns it and claims again, sharing by weight within the limits.
 _TOKEN = Sql(
     """
-    INSERT INTO {claims} (token, expires_at)
-    VALUES (:k, iif(EXISTS (SELECT 1 FROM {claims} WHERE token = '*'), NULL, :e))
+    INSERT INTO {claims} (token, expires_at, at)
+    VALUES (:k, iif(EXISTS (SELECT 1 FROM {claims} WHERE token = '*'), NULL, :e), :now)
     ON CONFLICT DO NOTHING
     """
 )
@@ -541,7 +649,7 @@ def _claim_statements(b: Builder, n: Names, c: Claim, now: float, returning: boo
     params = {**mine, "n": c.count, **({"now": now} if c.fair else {})}
     claim = _claim(kind, c.min_priority, returning)(n)
     b.add(claim, params, slot="leased" if returning else None)
-    token = {"k": c.token, "e": c.until + RETIRE_WINDOW}
+    token = {"k": c.token, "e": c.until + RETIRE_WINDOW, "now": now}
     if c.fair:
         b.add(_TENANTS_SERVED(n), {**mine, "now": now})
         b.add(_VTIME_SERVED(n), mine)
@@ -558,6 +666,7 @@ _PRUNE = (
     Sql("DELETE FROM {groups} WHERE {empty} AND until < :now AND {free}"),
     Sql("DELETE FROM {claims} WHERE expires_at < :now"),
     Sql("DELETE FROM {settled} WHERE expires_at < :now"),
+    Sql("DELETE FROM {outcomes} WHERE expires_at < :now"),
 )
 
 
@@ -624,9 +733,11 @@ def read_leased(reply: Reply) -> list[Leased]:
 def read_tenants_on(reply: Reply) -> bool | None:
     """Whether the queue's tenants are on, as a claim's rows or a probe said (None: no row
     said it)."""
-    slot = "probe" if "probe" in reply else "leased"
-    rows = reply[slot].rows if slot in reply else []
-    return bool(rows[0][-1]) if rows else None
+    if "probe" in reply:
+        rows = reply["probe"].rows
+        return bool(rows[0][-1]) if rows else None
+    rows = reply["leased"].rows if "leased" in reply else []
+    return bool(rows[0][TENANTS_COLUMN]) if rows else None
 
 
 # ---------------------------------------------------------------------------- the probe
@@ -746,6 +857,18 @@ def plan(
         follow_ups=[(s.held, m) for s in finish for m in s.follow_ups],
         outboxed=[(s.held, m) for s in finish for m in s.outboxed],
         dedup_until=now + core.dedup_window,
+        kept={
+            s.held.seq: (s.result, None if s.error is None else error_text(s.error))
+            for s in finish
+            if s.lease.keep is not None
+        },
+        expired_seqs=frozenset(s.held.seq for s in finish if s.expired),
+        errors=[
+            (s.held, error_text(s.error))
+            for s in settling
+            if s.kind == GIVE_BACK and s.error is not None and s.lease.keep is not None
+        ],
+        progress=[(s.held, s.progress) for s in extends if s.progress is not None],
     )
     prune = bool(settle.finish) and core.chance() < PRUNE_CHANCE
     names = core.names
@@ -766,6 +889,7 @@ def plan(
         lost_ids = {id(s) for s in lost_settlements}
         leases: list[Lease] = []
         expired: list[Lease] = []
+        cancelled: list[Lease] = []
         read_at = core.clock()
         for r in read_leased(reply):
             lease = Lease(
@@ -776,12 +900,18 @@ def plan(
                 int(r.attempts),
                 float(r.expires_at),
                 headers=Headers.stored(r.headers),
+                keep=float_or_none(r.keep),
             )
-            gone = r.message_expires is not None and float(r.message_expires) <= read_at
-            (expired if gone else leases).append(lease)
+            if r.cancel is not None:
+                cancelled.append(lease)
+            elif r.message_expires is not None and float(r.message_expires) <= read_at:
+                expired.append(lease)
+            else:
+                leases.append(lease)
         return Round(
             leases=leases,
             expired=expired,
+            cancelled=cancelled,
             lost=lost,
             extended=[
                 dataclasses.replace(s.lease, expires_at=until)
@@ -847,6 +977,7 @@ def steps(
     *,
     probe_when_idle: bool,
     guard: Callable[[Plan[Round]], Plan[Round]] | None = None,
+    settled: Callable[[Sequence[Lease]], None] | None = None,
 ) -> Steps[Round]:
     """A round on one cluster, as the plans its backend runs one after the other.
 
@@ -855,7 +986,10 @@ def steps(
     must pass (a sharded queue's epoch check). Leases taken on messages whose ttl had passed
     are never handed out: they are dead-lettered (reason `expired`), and as many leases
     claimed again in the same call (if that fails, they lapse, and the next claim expires
-    them)."""
+    them); so are leases taken on messages cancelled while a lease that lapsed held them,
+    settled as cancelled (an ack of such a message cancels it). `settled` is told of the
+    leases whose messages this round settled (and so of the outcomes it wrote), once it
+    applied."""
     floor = checked.min_priority
     claims_alone = probe_when_idle and not checked.settlements
     if claims_alone and known.idle.get(floor):
@@ -865,21 +999,26 @@ def steps(
             return Round()
     first = plan(core, checked, known.tenants_on, known.learn)
     result: Round = yield first if guard is None else guard(first)
-    leases, expired = list(result.leases), result.expired
-    while expired:
+    leases, expired, cancelled = list(result.leases), result.expired, result.cancelled
+    done = [s.lease for s in checked.settlements if s.kind != EXTEND]
+    while expired or cancelled:
         spec = RoundSpec(
             worker_id=checked.worker_id,
             visibility=checked.visibility,
-            n=len(expired),
+            n=len(expired) + len(cancelled),
             min_priority=floor,
             expired=expired,
+            ack=cancelled,
         )
         try:
             more: Round = yield plan(core, check_round(core, spec), known.tenants_on, known.learn)
         except (Unavailable, OutcomeUnknown):
             break
+        done += [*expired, *cancelled]
         leases += more.leases
-        expired = more.expired
+        expired, cancelled = more.expired, more.cancelled
+    if settled is not None and done:
+        settled(done)
     if claims_alone:
         known.idle[floor] = not leases
     return Round(leases=leases, lost=result.lost, extended=result.extended)

@@ -14,6 +14,7 @@ from .checks import MAX_SECONDS, check_bool, check_id, check_seconds
 from .core import QueueCore
 from .messages import Message, checked_message
 from .names import Fields, Names, Sql, as_json
+from .outcomes import check_keep
 from .plan import NOTHING, Batch, Builder, Plan, Reply, changed_one, nothing, single
 from .publish import forget_expired, upsert_groups
 from .tenants import float_or_none
@@ -30,6 +31,8 @@ class ScheduleRow(NamedTuple):
     cron: str | None
     catch_up: bool
     next_at: float
+    keep: float | None = None
+    """How long its ticks' messages keep their outcome (None: not kept)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -44,9 +47,13 @@ class ScheduleSpec:
     priority: Any = 0
     catch_up: Any = False
     start_at: Any = None
+    keep: Any = None
 
-    def checked(self, now: float, encode: Callable[[Any], str]) -> ScheduleRow:
-        """The row to store: every field checked, the event encoded, the first tick set."""
+    def checked(
+        self, now: float, encode: Callable[[Any], str], keep_default: float | None = None
+    ) -> ScheduleRow:
+        """The row to store: every field checked, the event encoded, the first tick set, how
+        long its ticks keep their outcome (given, or `keep_default`; 0: not kept)."""
         check_id(self.name, "name")
         check_cadence(self.every, self.cron)
         check_bool(self.catch_up, "catch_up")
@@ -66,6 +73,7 @@ class ScheduleSpec:
             self.cron,
             self.catch_up,
             first,
+            keep_default if self.keep is None else check_keep(self.keep, allow_zero=True),
         )
 
 
@@ -87,10 +95,10 @@ _COLUMNS = ", ".join(ScheduleRow._fields)
 _PUT = Sql(
     """
     INSERT INTO {schedules} ({columns}, created_at)
-    VALUES ({text.name}, {text.g}, {text.e}, :p, :every, :cron, :c, :next, :now)
+    VALUES ({text.name}, {text.g}, {text.e}, :p, :every, :cron, :c, :next, :keep, :now)
     ON CONFLICT (name) DO UPDATE SET group_id = excluded.group_id, event = excluded.event,
       priority = excluded.priority, every = excluded.every, cron = excluded.cron,
-      catch_up = excluded.catch_up, next_at = excluded.next_at
+      catch_up = excluded.catch_up, next_at = excluded.next_at, keep = excluded.keep
     """,
     columns=_COLUMNS,
 )
@@ -114,6 +122,7 @@ def put_batch(n: Names, row: ScheduleRow, *, now: float) -> Batch:
         "cron": row.cron,
         "c": int(row.catch_up),
         "next": row.next_at,
+        "keep": row.keep,
         "now": now,
     }
     b.add(_PUT(n), params)
@@ -138,10 +147,13 @@ def list_batch(n: Names, *, due_by: float | None = None, limit: int = 1000) -> B
 def read_schedules(reply: Reply) -> list[ScheduleRow]:
     """The rows, typed: the columns of `ScheduleRow` in its order."""
     rows = []
-    for name, group, event, priority, every, cron, catch_up, next_at in reply["schedules"].rows:
+    for row in reply["schedules"].rows:
+        name, group, event, priority, every, cron, catch_up, next_at, keep = row
         cron_text = None if cron is None else str(cron)
         typed = (str(name), str(group), str(event), int(priority), float_or_none(every))
-        rows.append(ScheduleRow(*typed, cron_text, bool(catch_up), float(next_at)))
+        rows.append(
+            ScheduleRow(*typed, cron_text, bool(catch_up), float(next_at), float_or_none(keep))
+        )
     return rows
 
 
@@ -154,8 +166,8 @@ _FIRED = (
     forget_expired(Sql("SELECT s.group_id FROM json_each(:fires) f {due}", due=_STILL_DUE)),
     Sql(
         """
-        INSERT INTO {messages} (group_id, event, published_at)
-        SELECT s.group_id, s.event, :now FROM json_each(:fires) f {due}
+        INSERT INTO {messages} (group_id, event, published_at, keep)
+        SELECT s.group_id, s.event, :now, s.keep FROM json_each(:fires) f {due}
           JOIN json_each(f.value, '$[{ticks}]') t
         ORDER BY f.key, t.key
         """,
@@ -198,7 +210,7 @@ def fire_batch(n: Names, fires: Sequence[Fire], *, now: float) -> Batch:
 
 def schedule(core: QueueCore, spec: ScheduleSpec) -> Plan[Schedule]:
     now = core.now()
-    row = spec.checked(now, core.encode)
+    row = spec.checked(now, core.encode, core.keep)
     stored = _schedule(core, row)
     batch = put_batch(core.names, row, now=now)
     return Plan(batch, lambda reply: stored, resend_safe=True)
@@ -219,6 +231,7 @@ def _schedule(core: QueueCore, row: ScheduleRow) -> Schedule:
         row.cron,
         row.catch_up,
         row.next_at,
+        row.keep,
     )
 
 

@@ -34,6 +34,14 @@ Tables, per queue (`rq_<queue>_` prefix):
   whose group lives on another shard: written in the settlement's transaction, forwarded to
   their shard with a dedup id made from their id, then deleted.
 - `tenants`: each tenant's weight, virtual time, limits and claimable groups (tenants.py).
+- `outcomes`: the outcome of each settled message that keeps it (`messages.keep`: seconds),
+  written in its settlement's own statement by the trigger `messages_kept` (an ack, a dead
+  letter, an expiry, a cancel: the deletion of the message), kept until `expires_at`, pruned
+  with the claim tokens (jobs.py). While queued, a message that keeps its outcome keeps what
+  the outcome will carry: the errors and holders of its earlier attempts (`errors`,
+  `workers`: the trigger `groups_holders` adds a holder whose lease ends otherwise than by
+  its settlement), its last progress. `messages.cancel`: a cancel's reason, for a message
+  cancelled while leased (its settlement then settles it as cancelled).
 
 `setup` runs `bootstrap` (creates `meta` if missing and reads the version: 0 for a new
 database), then, if the version is older than this code's, `create` (version 0) or `migrate`
@@ -54,7 +62,7 @@ from .names import Names, Sql, as_json
 from .plan import Batch, Builder, Plan, Reply, Statement, Steps
 from .tenants import BOUNDED, MARK, turn_on
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 RETIRE_WINDOW = 300.0
 """How long the row of a group that emptied is kept (its place in the round robin), and how
 long claim tokens and settlement records are remembered."""
@@ -146,8 +154,13 @@ _SCHEDULES = (
     ),
     Sql("CREATE INDEX {schedules_due} ON {schedules} (next_at)"),
 )
-# `kind`: 1 acked, 2 dead-lettered, 3 given back (a settlement sent again must be the same one
-# to find its record: an ack does not succeed on a lease that was nacked).
+ACKED, DEAD_LETTERED, GIVEN_BACK, CANCELLED, EXPIRED = 1, 2, 3, 4, 5
+"""How a lease was settled (`settled.kind`; a settlement sent again must be the same one to
+find its record: an ack does not succeed on a lease that was nacked). CANCELLED: a queued
+message removed by a cancel (recorded with the empty token); EXPIRED: a lease taken on a
+message whose ttl had passed, dead-lettered as expired."""
+# `kind`: ACKED ... EXPIRED (since v7; before, the first three); `result`, `reason`, `error`:
+# what the outcome of a message that keeps it takes from its settlement (v7).
 _SETTLED = (
     Sql(
         """
@@ -167,6 +180,116 @@ _OUTBOX = Sql(
       expires REAL, created_at REAL NOT NULL)
     """
 )
+
+SUCCEEDED, FAILED, OUTCOME_CANCELLED, OUTCOME_EXPIRED = 1, 2, 3, 4
+OUTCOME_STATUSES = {
+    SUCCEEDED: "succeeded",
+    FAILED: "failed",
+    OUTCOME_CANCELLED: "cancelled",
+    OUTCOME_EXPIRED: "expired",
+}
+"""`outcomes.status`, and what `JobResult.status` calls it."""
+MAX_KEPT_ERRORS = 16
+"""Most errors a message keeps (its last attempts'): `types.MAX_ERRORS`."""
+
+
+def errors_after(errors: str, error: str | Sql) -> Sql:
+    """The JSON array of errors `errors` (NULL: none) with `error` (a JSON object, or NULL:
+    none) after them, the last MAX_KEPT_ERRORS."""
+    return Sql(
+        """
+        CASE WHEN {error} IS NULL THEN {errors}
+        WHEN json_array_length(coalesce({errors}, '[]')) >= {most}
+        THEN json_insert(json_remove({errors}, '$[0]'), '$[#]', json({error}))
+        ELSE json_insert(coalesce({errors}, '[]'), '$[#]', json({error})) END
+        """,
+        errors=errors,
+        error=error,
+        most=str(MAX_KEPT_ERRORS),
+    )
+
+
+# The outcomes of settled messages that keep theirs (`messages.keep`), pruned through the
+# index on `expires_at`.
+_OUTCOMES = (
+    Sql(
+        """
+        CREATE TABLE {outcomes} (
+          seq          INTEGER PRIMARY KEY,
+          group_id     TEXT NOT NULL,
+          status       INTEGER NOT NULL,
+          event        TEXT NOT NULL,
+          headers      TEXT,
+          result       TEXT,
+          reason       TEXT,
+          errors       TEXT,
+          progress     TEXT,
+          attempts     INTEGER NOT NULL,
+          workers      TEXT,
+          holder       TEXT,
+          published_at REAL NOT NULL,
+          started_at   REAL,
+          finished_at  REAL NOT NULL,
+          expires_at   REAL NOT NULL
+        )
+        """
+    ),
+    Sql("CREATE INDEX {outcomes_expiry} ON {outcomes} (expires_at)"),
+)
+# The deletion of a message that keeps its outcome (by the settlement that removes it: an ack,
+# a dead letter, an expiry, a cancel) writes its outcome, in that very statement: no statement
+# of its own, no Raft entry of its own. Its status comes from the settlement's record, found
+# by the lease's token (or by the empty token of a cancel of a queued message); no record: its
+# group was cancelled (`cancel_group`: its dead letter has the reason). A message cancelled
+# while leased (`cancel`) is cancelled whatever its settlement. The lease's end (`finished_at`)
+# is its record's time (`expires_at` less RETIRE_WINDOW) or its dead letter's.
+_FINISHED_AT = Sql(
+    "coalesce(s.expires_at - {retire}, d.dead_at, old.published_at)", retire=repr(RETIRE_WINDOW)
+)
+_KEPT = Sql(
+    """
+    CREATE TRIGGER {messages_kept} AFTER DELETE ON {messages} WHEN old.keep IS NOT NULL BEGIN
+    INSERT INTO {outcomes} (seq, group_id, status, event, headers, result, reason, errors,
+      progress, attempts, workers, holder, published_at, started_at, finished_at, expires_at)
+    SELECT old.seq, old.group_id,
+      CASE WHEN old.cancel IS NOT NULL THEN {cancelled} WHEN s.kind = {acked} THEN {succeeded}
+        WHEN s.kind = {dead_lettered} THEN {failed} WHEN s.kind = {expired} THEN {outcome_expired}
+        ELSE {cancelled} END,
+      old.event, old.headers, iif(s.kind = {acked}, s.result, NULL),
+      coalesce(old.cancel, s.reason, d.reason), {errors}, old.progress,
+      iif(g.head = old.seq, g.attempts, 0), old.workers, iif(g.head = old.seq, g.token, NULL),
+      old.published_at,
+      iif(g.head = old.seq, (SELECT at FROM {claims} WHERE token = g.token), NULL),
+      {finished_at}, {finished_at} + old.keep
+    FROM {groups} g
+      LEFT JOIN {settled} s ON s.seq = old.seq AND s.token IN (g.token, '')
+      LEFT JOIN {dead} d ON d.seq = old.seq
+    WHERE g.group_id = old.group_id;
+    END
+    """,
+    cancelled=str(OUTCOME_CANCELLED),
+    acked=str(ACKED),
+    succeeded=str(SUCCEEDED),
+    dead_lettered=str(DEAD_LETTERED),
+    failed=str(FAILED),
+    expired=str(EXPIRED),
+    outcome_expired=str(OUTCOME_EXPIRED),
+    errors=errors_after("old.errors", "s.error"),
+    finished_at=_FINISHED_AT,
+)
+# A lease of a kept message that ends otherwise than by a settlement that removes it (a nack,
+# a lapse taken over by another claim: its token replaced while its group keeps its head)
+# adds its token to the message's holders.
+_HOLDERS = Sql(
+    """
+    CREATE TRIGGER {groups_holders} AFTER UPDATE OF token ON {groups}
+    WHEN old.token IS NOT NULL AND new.head IS NOT NULL AND new.token IS NOT old.token BEGIN
+    UPDATE {messages} SET workers = json_insert(coalesce(workers, '[]'), '$[#]', old.token)
+    WHERE seq = new.head AND keep IS NOT NULL;
+    END
+    """
+)
+OUTCOMES_TABLES = (*_OUTCOMES, _KEPT, _HOLDERS)
 
 # Each step takes a database from the version before it to its own: its statements, in order.
 MIGRATIONS: dict[int, tuple[Sql, ...]] = {
@@ -259,6 +382,36 @@ MIGRATIONS: dict[int, tuple[Sql, ...]] = {
         Sql(f"ALTER TABLE {{{table}}} ADD COLUMN headers TEXT")
         for table in ("messages", "dead", "outbox")
     ),
+    # v6 -> v7: jobs. How long a message's outcome is kept (`keep`, seconds; NULL: not kept)
+    # on messages, dead letters (a requeue keeps it), the outbox and schedules (their ticks);
+    # a cancel's reason while it runs (`cancel`), its last progress, the errors and holders
+    # of its earlier attempts (`errors`, `workers`: JSON arrays); when a claim was made
+    # (`claims.at`: a lease's start, found by its token); what a settlement's record carries
+    # to the outcome (`settled`: an ack's result, an attempt's error, a cancel's reason); the
+    # `outcomes` and their two triggers. v6 clients are fenced out of a v7 queue (a v6
+    # settlement would not write its outcome).
+    7: (
+        *(
+            Sql(f"ALTER TABLE {{messages}} ADD COLUMN {column}")
+            for column in (
+                "keep REAL",
+                "cancel TEXT",
+                "progress TEXT",
+                "errors TEXT",
+                "workers TEXT",
+            )
+        ),
+        *(
+            Sql(f"ALTER TABLE {{{table}}} ADD COLUMN keep REAL")
+            for table in ("dead", "outbox", "schedules")
+        ),
+        Sql("ALTER TABLE {claims} ADD COLUMN at REAL"),
+        *(
+            Sql(f"ALTER TABLE {{settled}} ADD COLUMN {column}")
+            for column in ("result TEXT", "reason TEXT", "error TEXT")
+        ),
+        *OUTCOMES_TABLES,
+    ),
 }
 
 # A new queue: the tables of version 3, then the later steps (`_create`).
@@ -288,7 +441,7 @@ SHAPE = {
     "meta": frozenset({"key", "value"}),
     "messages": frozenset(
         {"seq", "group_id", "event", "published_at", "dedup_id", "due", "expires", "debounce"}
-        | {"due_by", "headers"}
+        | {"due_by", "headers", "keep", "cancel", "progress", "errors", "workers"}
     ),
     "groups": frozenset(
         {"group_id", "priority", "turn", "ready", "until", "parked", "attempts", "token"}
@@ -296,22 +449,27 @@ SHAPE = {
     ),
     "dead": frozenset(
         {"seq", "group_id", "event", "priority", "attempts", "reason", "published_at"}
-        | {"dead_at", "headers"}
+        | {"dead_at", "headers", "keep"}
     ),
     "dedup": frozenset({"dedup_id", "seq", "expires_at"}),
-    "claims": frozenset({"token", "expires_at"}),
+    "claims": frozenset({"token", "expires_at", "at"}),
     "schedules": frozenset(
         {"name", "group_id", "event", "priority", "every", "cron", "catch_up", "next_at"}
-        | {"created_at"}
+        | {"created_at", "keep"}
     ),
-    "settled": frozenset({"token", "seq", "kind", "expires_at"}),
+    "settled": frozenset({"token", "seq", "kind", "expires_at", "result", "reason", "error"}),
     "outbox": frozenset(
         {"id", "group_id", "event", "priority", "dedup_id", "due", "expires", "created_at"}
-        | {"tenant", "headers"}
+        | {"tenant", "headers", "keep"}
     ),
     "tenants": frozenset(
         {"name", "weight", "vt", "ready", "cap", "rate", "burst", "tokens", "stamp"}
         | {"max_queued", "max_group_queued"}
+    ),
+    "outcomes": frozenset(
+        {"seq", "group_id", "status", "event", "headers", "result", "reason", "errors"}
+        | {"progress", "attempts", "workers", "holder", "published_at", "started_at"}
+        | {"finished_at", "expires_at"}
     ),
 }
 """The columns of each table at SCHEMA_VERSION, by the table's name less the queue's prefix

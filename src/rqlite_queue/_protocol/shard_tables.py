@@ -147,7 +147,7 @@ class OutboxRow:
 
 # The oldest follow-ups waiting to be forwarded, in the order they were written: `id`, then a
 # message's fields as far as the outbox keeps them (NewMessage's names).
-_KEPT = ("group_id", "event", "priority", "dedup_id", "due", "expires", "tenant", "headers")
+_KEPT = tuple(f for f in NewMessage._fields if f not in ("debounce", "due_by"))
 _OLDEST = Sql("SELECT id, {columns} FROM {outbox} ORDER BY id LIMIT :n", columns=", ".join(_KEPT))
 _FORWARDED = Sql("DELETE FROM {outbox} WHERE id IN (SELECT value FROM json_each(:ids))")
 
@@ -177,6 +177,7 @@ def outbox_rows(reply: Reply) -> list[OutboxRow]:
                     None if kept["expires"] is None else float(kept["expires"]),
                     _text_or_none(kept["tenant"]),
                     headers=_text_or_none(kept["headers"]),
+                    keep=None if kept["keep"] is None else float(kept["keep"]),
                 ),
             )
         )

@@ -301,6 +301,7 @@ def merge_stats(stats: Iterable[Stats]) -> Stats:
         paused=any(s.paused for s in stats),
         last_seq=sum(s.last_seq for s in stats),
         outbox=sum(s.outbox for s in stats),
+        outcomes=sum(s.outcomes for s in stats),
         tenants_on=any(s.tenants_on for s in stats),
         delayed_groups=sum(s.delayed_groups for s in stats),
         oldest_by_priority=dict(sorted(oldest_by_priority.items())),

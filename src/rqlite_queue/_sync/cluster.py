@@ -24,7 +24,7 @@ from .._protocol.plan import Batch, Known, Plan, Reply, Result, Statement, Steps
 from .._protocol.retry import FAILOVER, MIN_ATTEMPT, Retry
 from .._protocol.round_spec import CheckedRound
 from .._protocol.tenants import TenantsTurnedOn
-from .._runtime import LOCAL_PUBLISHES, FanOut, Same
+from .._runtime import LOCAL_OUTCOMES, LOCAL_PUBLISHES, FanOut, Same
 from ..errors import (
     BackendError,
     InvalidArgument,
@@ -33,7 +33,7 @@ from ..errors import (
     QueueFull,
     Unavailable,
 )
-from ..types import NodeView, Round
+from ..types import Lease, NodeView, Round
 from .coalesce import Coalescer
 
 T = TypeVar("T")
@@ -220,11 +220,22 @@ class Backend:
     ) -> Round:
         """Settle and claim (`rounds.steps`: `probe_when_idle`, a claim alone after one that
         found nothing asks with a read first; `guard`, what the round's plan must pass: a
-        sharded queue's epoch check)."""
+        sharded queue's epoch check). A waiter for an outcome in this process
+        (`result(wait=)`) is woken once a round that settled its message applied."""
         steps = rounds.steps(
-            self.core, checked, self.known, probe_when_idle=probe_when_idle, guard=guard
+            self.core,
+            checked,
+            self.known,
+            probe_when_idle=probe_when_idle,
+            guard=guard,
+            settled=self._settled if LOCAL_OUTCOMES else None,
         )
         return self._drive(steps, self.run, deadline)
+
+    def _settled(self, leases: Sequence[Lease]) -> None:
+        """Wake the waiters for outcomes of these leases' groups in this process."""
+        queue = self.core.names.queue
+        LOCAL_OUTCOMES.wake([(queue, lease.group_id) for lease in leases])
 
     def run_in(self, connection: object, plan: Plan[T]) -> T:
         """Run `plan` on the caller's own connection to the embedded file, in its open
@@ -338,7 +349,7 @@ class ClusterRouter:
             seqs = self._publish_now(messages, deadline, bounded=False)
         else:
             seqs = self.publishes.submit((messages, deadline))
-        LOCAL_PUBLISHES.published(self.backend.core.names.queue)
+        LOCAL_PUBLISHES.wake([self.backend.core.names.queue])
         return seqs
 
     def _publish_now(
@@ -399,6 +410,12 @@ class ClusterRouter:
 
     def schedule(self, plan: Plan[T], name: str, group_id: str, deadline: float) -> T:
         return self.backend.run(plan, deadline)
+
+    def on_leases(
+        self, leases: Sequence[Lease], plan: Callable[[Sequence[Lease]], Plan[T]], deadline: float
+    ) -> list[T]:
+        """`plan(leases)` on the cluster that holds them."""
+        return [self.backend.run(plan(leases), deadline)]
 
     def fire_schedules(self, deadline: float) -> int:
         core = self.backend.core

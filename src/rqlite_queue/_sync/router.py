@@ -7,13 +7,13 @@ concerns, answers merged). This file is the source; `_sync/router.py` is generat
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol, TypeVar
 
 from .._protocol.messages import NewMessage
 from .._protocol.plan import Plan, Statement
 from .._protocol.round_spec import CheckedRound
-from ..types import NodeView, Round
+from ..types import Lease, NodeView, Round
 from .cluster import Backend, Merge
 
 T = TypeVar("T")
@@ -73,6 +73,13 @@ class Router(Protocol):
 
     def settle(self, checked: CheckedRound, deadline: float, what: str) -> Round:
         """Settlements alone (`ack`, `nack`, `extend`, `dead_letter`, `ack_many`)."""
+        ...
+
+    def on_leases(
+        self, leases: Sequence[Lease], plan: Callable[[Sequence[Lease]], Plan[T]], deadline: float
+    ) -> list[T]:
+        """`plan` of the leases of each cluster, on it (a sharded queue's: each shard's at
+        once; a shard that does not answer is left out)."""
         ...
 
     def schedule(self, plan: Plan[T], name: str, group_id: str, deadline: float) -> T:

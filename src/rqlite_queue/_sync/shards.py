@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
 from .._protocol import publish, shard_tables
@@ -38,7 +38,7 @@ from ..errors import (
     QueueFull,
     Unavailable,
 )
-from ..types import NodeView, Round, ShardStatus
+from ..types import Lease, NodeView, Round, ShardStatus
 from .cluster import Backend, Merge
 from .moves import Moves
 from .outbox import Outbox
@@ -162,7 +162,7 @@ class ShardRouter:
         results = self.calls.on_many(list(parts), part)
         published = {n: r for n, r in results.items() if isinstance(r, list)}
         if published:
-            LOCAL_PUBLISHES.published(self.core.names.queue)
+            LOCAL_PUBLISHES.wake([self.core.names.queue])
             held = {messages[i].group_id for n in published for i in parts[n]} & waiting
             self.moves.release_if_delivered(held, deadline)
         failed = [(n, r) for n, r in results.items() if isinstance(r, BaseException)]
@@ -241,6 +241,20 @@ class ShardRouter:
                 done,
             )
         return done
+
+    def on_leases(
+        self, leases: Sequence[Lease], plan: Callable[[Sequence[Lease]], Plan[T]], deadline: float
+    ) -> list[T]:
+        """`plan` of each shard's leases, on that shard, at once; a shard that is down or
+        does not answer is left out."""
+        by_shard: dict[str, list[Lease]] = {}
+        for lease in leases:
+            by_shard.setdefault(self.shard_list.shard_of_lease(lease), []).append(lease)
+        live = [name for name in by_shard if name in self.calls.live()]
+        results = self.calls.on_many(
+            live, lambda name, backend: backend.run(plan(by_shard[name]), deadline)
+        )
+        return [r for r in results.values() if not isinstance(r, BaseException)]
 
     def settle(self, checked: CheckedRound, deadline: float, what: str) -> Round:
         """Settlements alone (`ack`, `nack`, `extend`, `dead_letter`, `ack_many`), each on its

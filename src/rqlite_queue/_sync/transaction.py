@@ -71,6 +71,7 @@ class Transaction:
         not_before: float | None = None,
         ttl: float | None = None,
         headers: Mapping[str, str] | None = None,
+        keep: float | None = None,
     ) -> Published:
         """As `queue.publish`, when the transaction commits (checked now)."""
         message = Message(
@@ -82,6 +83,7 @@ class Transaction:
             not_before=not_before,
             ttl=ttl,
             headers=headers,
+            keep=keep,
         )
         return self._add([message])
 

@@ -16,11 +16,22 @@ from collections.abc import Sequence
 import click
 
 from ..errors import QueueError, Unavailable
-from . import admin, backup, dashboard, local, messages, schedules, shards, tenants, work
+from . import admin, backup, dashboard, jobs, local, messages, schedules, shards, tenants, work
 from ._base import _error, _state, cli
 
 __all__ = ["cli", "main"]
-_COMMAND_MODULES = (messages, work, admin, tenants, schedules, shards, backup, dashboard, local)
+_COMMAND_MODULES = (
+    messages,
+    jobs,
+    work,
+    admin,
+    tenants,
+    schedules,
+    shards,
+    backup,
+    dashboard,
+    local,
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

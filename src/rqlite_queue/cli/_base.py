@@ -14,9 +14,9 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 from rich.console import Console
@@ -25,6 +25,8 @@ from .. import Transport
 from ..timefmt import duration
 from ..types import Stats
 from ._tables import Cell, Listing
+
+FC = TypeVar("FC", bound=Callable[..., Any])
 
 DEFAULT_URL = "sqlite:///rqlite-queue.db"
 """The embedded queue in `./rqlite-queue.db` when neither `--url` nor `$RQLITE_QUEUE_URL`
@@ -130,6 +132,7 @@ def _stats_table(stats: Stats) -> Listing:
     table.add_row("delayed groups", str(stats.delayed_groups))
     table.add_row("dead letters", str(stats.dead))
     table.add_row("expired", str(stats.expired))
+    table.add_row("outcomes kept", str(stats.outcomes))
     table.add_row("oldest message", "-" if stats.oldest_age is None else duration(stats.oldest_age))
     for priority in range(5):
         count = str(stats.by_priority.get(priority, 0))
@@ -155,6 +158,20 @@ def _error(message: str) -> None:
     if _state.verbose:
         for line in lines[1:]:
             click.echo(f"  {line}", err=True)
+
+
+def seconds_option(name: str, *, least: float, if_bare: float, help: str) -> Callable[[FC], FC]:
+    """An option of seconds that may be given bare (`--wait`: `if_bare`) or with its value
+    (`--wait 30`); absent, None."""
+    return click.option(
+        name,
+        type=click.FloatRange(min=least),
+        is_flag=False,
+        flag_value=if_bare,
+        default=None,
+        metavar="[SECONDS]",
+        help=help,
+    )
 
 
 def _parse_event(text: str) -> Any:

@@ -25,6 +25,7 @@ from ._base import (
     _stderr,
     _stdout,
     cli,
+    seconds_option,
 )
 from ._tables import Cell, Listing
 
@@ -89,6 +90,13 @@ def _read_lines(stream: Any, default_priority: int) -> list[tuple[int, dict[str,
     help="With --debounce and --delay: delivered at the latest SECONDS after the run's first.",
 )
 @click.option(
+    "--keep",
+    type=float,
+    metavar="SECONDS",
+    help="Keep the message's outcome (result or error) for SECONDS after it settles "
+    "('rqlite-queue job GROUP SEQ' shows it).",
+)
+@click.option(
     "--batch-size",
     type=click.IntRange(min=1),
     default=PUBLISH_BATCH,
@@ -107,6 +115,7 @@ def publish(
     tenant: str | None,
     debounce: str | None,
     max_wait: float | None,
+    keep: float | None,
     batch_size: int,
 ) -> int:
     """Publish EVENT_JSON into GROUP, or JSON lines from stdin.
@@ -114,17 +123,17 @@ def publish(
     With GROUP and EVENT_JSON, publishes one message and prints its seq. With no arguments
     (or GROUP '-'), reads one JSON object per line from stdin,
     {"group_id": ..., "event": ..., "priority": ..., "dedup_id": ..., "delay": ...,
-    "not_before": ..., "ttl": ..., "tenant": ..., "debounce": ..., "max_wait": ...} (all
-    but group_id and event optional),
+    "not_before": ..., "ttl": ..., "tenant": ..., "debounce": ..., "max_wait": ...,
+    "keep": ...} (all but group_id and event optional),
     checks every line, then publishes them in batches with a progress bar on stderr. A bad
     line publishes nothing."""
     if group is None or group == "-":
         if event_json is not None:
             raise click.UsageError("EVENT_JSON cannot be given with stdin input ('-')")
-        if any(v is not None for v in (dedup_id, delay, ttl, tenant, debounce, max_wait)):
+        if any(v is not None for v in (dedup_id, delay, ttl, tenant, debounce, max_wait, keep)):
             raise click.UsageError(
-                "--dedup-id, --delay, --ttl, --tenant, --debounce and --max-wait apply to one "
-                "message; put them in the lines"
+                "--dedup-id, --delay, --ttl, --tenant, --debounce, --max-wait and --keep apply "
+                "to one message; put them in the lines"
             )
         if sys.stdin.isatty():
             raise click.UsageError("give GROUP and EVENT_JSON, or pipe JSON lines to stdin")
@@ -144,6 +153,7 @@ def publish(
             tenant=tenant,
             debounce=debounce,
             max_wait=max_wait,
+            keep=keep,
         )
     click.echo(seq)
     return 0
@@ -189,14 +199,8 @@ def _publish_batches(
 
 
 @cli.command()
-@click.option(
-    "--watch",
-    type=click.FloatRange(min=0.1),
-    is_flag=False,
-    flag_value=2.0,
-    default=None,
-    metavar="[SECONDS]",
-    help="Refresh every SECONDS (2 if not given) until Ctrl-C.",
+@seconds_option(
+    "--watch", least=0.1, if_bare=2.0, help="Refresh every SECONDS (2 if not given) until Ctrl-C."
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead.")
 @click.pass_obj

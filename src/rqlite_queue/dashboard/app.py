@@ -41,6 +41,7 @@ PAGE = 50
 
 DESTRUCTIVE = {
     "cancel": "Yes, cancel the group",
+    "cancel_job": "Yes, cancel the message",
     "purge": "Yes, delete the dead letter",
     "purge_all": "Yes, delete every dead letter",
     "requeue_all": "Yes, requeue every dead letter",
@@ -142,6 +143,8 @@ class _Dashboard:
                 Route("/fragments/groups", self.groups_fragment),
                 Route("/group", self.group),
                 Route("/fragments/group", self.group_fragment),
+                Route("/message", self.message),
+                Route("/fragments/message", self.message_fragment),
                 Route("/dead", self.dead),
                 Route("/fragments/dead", self.dead_fragment),
                 Route("/tenants", self.tenants),
@@ -378,6 +381,20 @@ class _Dashboard:
     async def group_fragment(self, request: Request) -> Response:
         return self._page(request, "_group.html", **await self._group(request))
 
+    # ------------------------------------------------------------------ one message
+
+    async def _message(self, request: Request) -> dict[str, Any]:
+        group_id = request.query_params.get("group", "")
+        seq = _int(request.query_params.get("seq"), 0, 0, 2**63 - 1)
+        job = await self.q.result(group_id, seq) if group_id and seq else None
+        return {"group_id": group_id, "seq": seq, "job": job, "query": request.url.query}
+
+    async def message(self, request: Request) -> Response:
+        return self._page(request, "message.html", **await self._message(request))
+
+    async def message_fragment(self, request: Request) -> Response:
+        return self._page(request, "_message.html", **await self._message(request))
+
     # ------------------------------------------------------------------ dead letters
 
     async def _dead(self, request: Request) -> dict[str, Any]:
@@ -475,6 +492,14 @@ class _Dashboard:
                 f"Cancel group {group_id}: its {depth} message{'s' * (depth != 1)} become dead "
                 f"letters with the reason “{reason}”, and a lease in flight on it is lost."
             )
+        elif name == "cancel_job":
+            seq = str(form.get("seq", ""))
+            reason = str(form.get("reason") or "cancelled")
+            what = (
+                f"Cancel message {seq} of group {group_id} with the reason “{reason}”: queued, "
+                f"it is removed at once (its group goes on with its next message); running, its "
+                f"worker is told to stop, and it settles as cancelled. It is not retried."
+            )
         elif name == "purge":
             seqs = ", ".join(str(v) for v in form.getlist("seq"))
             if form.get("shard"):  # a sharded queue's seqs are per shard
@@ -525,6 +550,9 @@ class _Dashboard:
             "hold": lambda f: q.hold_group(group(f)),
             "release": lambda f: q.release_group(group(f)),
             "cancel": lambda f: q.cancel_group(group(f), str(f.get("reason") or "cancelled")),
+            "cancel_job": lambda f: q.cancel(
+                group(f), _required(seqs(f))[0], str(f.get("reason") or "cancelled")
+            ),
             "priority": lambda f: q.set_priority(
                 group(f), _int(f.get("priority"), -1, 0, MAX_PRIORITY, strict=True)
             ),
