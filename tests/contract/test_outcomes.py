@@ -278,6 +278,15 @@ async def test_a_dead_letter_of_a_cancelled_message_cancels_it(q: Any) -> None:
     await q.dead_letter(lease, "it failed too", error=ValueError("x"))
     assert await status(q, "g", seq) == "cancelled"
     assert await q.dead_letters() == []  # cancelled, not failed: no dead letter
+    # Several in one round (its statement for many): only the one not cancelled is dead.
+    a, b = await q.publish_many(
+        [{"group_id": "a", "event": 1, "keep": KEEP}, {"group_id": "b", "event": 2, "keep": KEEP}]
+    )
+    leases = await q.claim_many("w", 30, 2)
+    assert await q.cancel("a", a, "stop") == "cancelling"
+    await q.settle_and_claim("w", 30, dead=[(lease, "failed") for lease in leases])
+    assert (await status(q, "a", a), await status(q, "b", b)) == ("cancelled", "failed")
+    assert [d.group_id for d in await q.dead_letters()] == ["b"]
 
 
 async def test_a_cancelled_message_whose_lease_lapsed_is_never_handed_out_again(

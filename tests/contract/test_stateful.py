@@ -276,6 +276,9 @@ class Model:
         """seq -> until when the record of its cancel (queued: removed) counts."""
         self.known: set[tuple[str, int]] = set()
         """Every (group, seq) published: what `result` and `cancel` are asked about."""
+        self.settled_by_claims: list[tuple[str, int]] = []
+        """The messages the last claim settled instead of handing out (expired, cancelled):
+        the machine reads their outcomes."""
 
     def _next_created(self) -> int:
         self._created += 1
@@ -605,6 +608,7 @@ class Model:
         """As the transport claims: leases on messages whose ttl passed are dead-lettered
         (`expired`) instead of handed out, and as many claimed again, until none expired."""
         leased: list[Predicted] = []
+        self.settled_by_claims = []
         while n:
             taken = self._claim_once(n, min_priority, visibility)
             cancelled = [p for p in taken if self.groups[p.group_id].messages[0].cancel]
@@ -617,6 +621,7 @@ class Model:
                 self._dead_letter_head(p.group_id, p.seq, status="expired", reason="expired")
                 self.expired += 1
             leased += [p for p in taken if p not in cancelled and p not in expired]
+            self.settled_by_claims += [(p.group_id, p.seq) for p in (*cancelled, *expired)]
             n = len(expired) + len(cancelled)
             if n:
                 self.prune()
@@ -842,8 +847,9 @@ class Model:
 
     def cancel(self, group_id: str) -> int:
         """Every message of the group goes to the dead letters (the head with its attempts;
-        those that keep their outcome: cancelled); the group empties (its place kept for
-        RETIRE_WINDOW), so its lease no longer holds."""
+        those that keep their outcome: cancelled, with the reason of a cancel of the running
+        head, which came first); the group empties (its place kept for RETIRE_WINDOW), so its
+        lease no longer holds."""
         g = self.groups.pop(group_id, None)
         if g is None:
             return 0
@@ -852,9 +858,8 @@ class Model:
             self.dead.append((message.seq, group_id, message.event, g.priority, attempts))
             if message.keep is not None:
                 kept_until = self.now + message.keep
-                outcome = Outcome(
-                    "cancelled", None, "cancelled", attempts, message.progress, kept_until
-                )
+                reason = message.cancel or "cancelled"
+                outcome = Outcome("cancelled", None, reason, attempts, message.progress, kept_until)
                 self.outcomes[message.seq] = (group_id, outcome)
         self.retired[group_id] = (g.turn, g.created, self.now + RETIRE_WINDOW, g.tenant)
         return len(g.messages)
@@ -1184,6 +1189,8 @@ class QueueMachine(RuleBasedStateMachine):
         want = {p.group_id: (p.seq, p.event, p.attempts, p.expires_at) for p in predicted}
         assert got == want
         assert len(leases) == len(got), "one lease per group"
+        for group_id, seq in self.model.settled_by_claims:  # (expired, or cancelled: kept?)
+            self.check_job(group_id, seq)
         note_event(f"claim took {len(leases)} groups")
         if any(p.attempts > 1 for p in predicted):
             note_event("a message is claimed again")
@@ -1479,6 +1486,15 @@ class QueueMachine(RuleBasedStateMachine):
         group_id, seq = data.draw(st.sampled_from(sorted(self.model.known)))
         assert self.q.cancel(group_id, seq, reason) == self.model.cancel_one(group_id, seq, reason)
         self.check_job(group_id, seq)
+
+    @rule(lease=leases, reason=reasons)
+    def cancel_a_lease(self, lease: Lease, reason: str) -> None:
+        """A cancel of a message that was leased (still, or no longer): drawn from the leases,
+        so that cancels of running messages are common, and their settlements follow."""
+        got = self.q.cancel(lease.group_id, lease.seq, reason)
+        assert got == self.model.cancel_one(lease.group_id, lease.seq, reason)
+        note_event(f"a leased message's cancel: {got}")
+        self.check_job(lease.group_id, lease.seq)
 
     @rule(leases=st.lists(leases, max_size=3))
     def check_leases(self, leases: list[Lease]) -> None:

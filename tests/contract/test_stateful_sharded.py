@@ -163,6 +163,10 @@ class ShardedModel:
     def outcomes(self) -> dict[tuple[str, int], Any]:
         return {(name, seq): o for name, m in self.shards.items() for seq, o in m.outcomes.items()}
 
+    @property
+    def settled_by_claims(self) -> list[tuple[str, int]]:
+        return [settled for m in self.shards.values() for settled in m.settled_by_claims]
+
     def pruned_by(self, leases: Sequence[Lease]) -> None:
         for name in {home(lease.group_id, SHARDS) for lease in leases}:
             self.shards[name].prune()

@@ -513,10 +513,7 @@ class AsyncTransport:
         news = functools.partial(jobs.lease_news, self._core)
         news(leases)  # (checked before anything is sent)
         found = await self.router.on_leases(leases, news, self._by())
-        return LeaseCheck(
-            [c for check in found for c in check.cancelled],
-            [lost for check in found for lost in check.lost],
-        )
+        return jobs.in_given_order(leases, found)
 
     # ------------------------------------------------------------------------ schedules
 

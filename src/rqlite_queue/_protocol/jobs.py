@@ -10,6 +10,7 @@ by the rounds that settle (`rounds._PRUNE`): an idle queue writes nothing."""
 
 from __future__ import annotations
 
+import collections
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -253,6 +254,23 @@ def lease_news(core: QueueCore, leases: Sequence[Lease]) -> Plan[LeaseCheck]:
         return LeaseCheck(cancelled, lost)
 
     return Plan(lease_news_batch(core.names, held), read)
+
+
+def in_given_order(leases: Sequence[Lease], found: Sequence[LeaseCheck]) -> LeaseCheck:
+    """The checks of each cluster's leases (a sharded queue asks each shard of its own), as
+    one, in the order the leases were given (a lease named twice: twice)."""
+    news: dict[int, collections.deque[tuple[bool, Lease, str]]] = {}
+    for check in found:
+        for cancelled, pairs in ((True, check.cancelled), (False, check.lost)):
+            for lease, why in pairs:
+                news.setdefault(id(lease), collections.deque()).append((cancelled, lease, why))
+    merged = LeaseCheck()
+    for lease in leases:
+        waiting = news.get(id(lease))
+        if waiting:
+            cancelled, found_lease, why = waiting.popleft()
+            (merged.cancelled if cancelled else merged.lost).append((found_lease, why))
+    return merged
 
 
 def _held(lease: object) -> Held:

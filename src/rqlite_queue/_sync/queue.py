@@ -509,10 +509,7 @@ class Transport:
         news = functools.partial(jobs.lease_news, self._core)
         news(leases)  # (checked before anything is sent)
         found = self.router.on_leases(leases, news, self._by())
-        return LeaseCheck(
-            [c for check in found for c in check.cancelled],
-            [lost for check in found for lost in check.lost],
-        )
+        return jobs.in_given_order(leases, found)
 
     # ------------------------------------------------------------------------ schedules
 
