@@ -393,3 +393,41 @@ def test_stopping_the_server_is_quick_even_when_idle(tmp_path: Path) -> None:
             took.append(time.monotonic() - began)
             assert not server.thread.is_alive()
     assert max(took) < 0.25, took  # ~0.01 s here; up to 0.5 s each before
+
+
+def test_jobs_are_counted(tmp_path: Path, queue_name: str) -> None:
+    """Results kept, handlers told of a cancel, progress that reached the queue (worker
+    counters), and the outcomes kept (a gauge of the queue's)."""
+    from rqlite_queue.worker import current_job
+
+    started = threading.Event()
+
+    def work(lease: Lease) -> Any:
+        if lease.event == "long":
+            current_job().progress({"step": 1})
+            started.set()
+            current_job().wait_cancelled(30)
+        return {"seq": lease.seq}
+
+    with Transport.from_url(f"sqlite:///{tmp_path / 'jobs.db'}", queue=queue_name) as queue:
+        queue.publish("a", "short", keep=60)
+        seq = queue.publish("b", "long", keep=60)
+        queue.publish("c", "not kept")
+        worker = Worker(queue, work, visibility=0.6, poll_interval=0.02)
+        registry = CollectorRegistry()
+        registry.register(WorkerCollector(worker, stats_interval=0))  # type: ignore[arg-type]
+        thread = threading.Thread(target=worker.run, kwargs={"handle_signals": False})
+        thread.start()
+        try:
+            assert started.wait(10)
+            wait_for(lambda: worker.stats.progress == 1)  # (with an extension, every 0.2 s)
+            assert queue.cancel("b", seq, "stop") == "cancelling"
+            wait_for(lambda: worker.stats.acked == 3 and queue.stats().outcomes == 2)
+            text = generate_latest(registry).decode()
+        finally:
+            worker.stop()
+            thread.join(10)
+    assert value(text, "rqlite_queue_worker_results_total") == 2  # (a cancelled one keeps its)
+    assert value(text, "rqlite_queue_worker_cancelled_total") == 1
+    assert value(text, "rqlite_queue_worker_progress_total") == 1
+    assert value(text, "rqlite_queue_outcomes") == 2
