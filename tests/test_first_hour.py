@@ -80,6 +80,7 @@ QUEUE_COMMANDS: dict[str, list[str]] = {
     "publish": ["publish", "g", '{"n": 1}'],
     "stats": ["stats"],
     "peek": ["peek", "g"],
+    "job": ["job", "g", "1"],
     "worker": ["worker", "walk_handlers:handle", "--burst"],
     "dlq list": ["dlq", "list"],
     "dlq requeue": ["dlq", "requeue"],
