@@ -810,7 +810,7 @@ class Worker:
         if running is None or running.token != lease.token:
             return  # settled (or given back) since
         # Not started yet: popped here, it never starts (`_admit` pops it first otherwise).
-        ident = next((i for i, (k, _) in list(self._waiting.items()) if k == key), None)
+        ident = next((i for i, (k, _) in self._waiting.copy().items() if k == key), None)
         waiting = ident is not None and self._waiting.pop(ident, None) is not None
         if kind == "cancelled":
             self.stats.cancelled += 1
