@@ -18,9 +18,11 @@ import sys
 from pathlib import Path
 
 from rqlite_queue import SqliteTransport
-from rqlite_queue._protocol import sql  # the v2 to v6 code's module (gone since)
 
-SCHEMA_VERSION = sql.SCHEMA_VERSION
+try:
+    from rqlite_queue._protocol.sql import SCHEMA_VERSION  # the v2 to v6 code's module
+except ImportError:
+    from rqlite_queue._protocol.schema import SCHEMA_VERSION  # (since v7)
 
 HERE = Path(__file__).resolve().parent / "fixtures"
 T0 = 1_800_000_000.0
@@ -120,6 +122,21 @@ def make(version: int) -> int:
         assert poison is not None and poison.group_id == "hd", poison
         headed.dead_letter(poison, "bad headers")
         headed.close()
+    kept: dict[str, int] = {}
+    if version >= 7:
+        # What only v7 has: jobs. A message whose outcome is kept (acked with a result), one
+        # leased that keeps its outcome, one queued that will, and one cancelled while leased.
+        jobs = SqliteTransport(str(path), clock, queue="jobs")
+        kept["acked"] = jobs.publish("k", {"n": 0}, keep=86_400)
+        kept["leased"] = jobs.publish("k", {"n": 1}, keep=86_400)
+        kept["queued"] = jobs.publish("q", {"n": 2}, keep=86_400)
+        kept["cancelling"] = jobs.publish("c", {"n": 3}, keep=86_400)
+        jobs.ack(_claim(jobs, "k", "w6", 30), result={"done": 0})
+        claimed = {lease.group_id: lease for lease in jobs.claim_many("w6", 3600, 3)}
+        assert set(claimed) == {"k", "q", "c"}, claimed
+        jobs.nack(claimed["q"], 0)
+        assert jobs.cancel("c", kept["cancelling"], "stopped") == "cancelling"
+        jobs.close()
     stats = q.stats()
     q.close()
     with sqlite3.connect(path) as db:
@@ -137,6 +154,7 @@ def make(version: int) -> int:
             *(["tenanted"] if version >= 4 else []),
             *(["limited"] if version >= 5 else []),
             *(["headed"] if version >= 6 else []),
+            *(["jobs"] if version >= 7 else []),
         ],
         "leased": {
             "seq": leased.seq,
@@ -150,6 +168,7 @@ def make(version: int) -> int:
         "lapsed_at": clock.now + 5,
         "dedup_window_ends": clock.now + 300,
         "schedule_next_at": T0 + 1 + 30,
+        **({"kept": kept} if version >= 7 else {}),
         "stats": {
             "depth": stats.depth,
             "groups": stats.groups,

@@ -1,8 +1,8 @@
-"""The upgrade path, tested from real older databases: `fixtures/v1.db` to `v6.db` were
-written by the schema-v1 to v6 code (see `make_v1_fixture.py` to `make_v6_fixture.py`), with a
+"""The upgrade path, tested from real older databases: `fixtures/v1.db` to `v7.db` were
+written by the schema-v1 to v7 code (see `make_v1_fixture.py` to `make_v7_fixture.py`), with a
 message leased, one parked, one lapsed, one dead-lettered and deduplicated publishes in them
 (and, since v2, a schedule and a held group; since v4, a queue whose tenants are on; since v5, a
-tenant's limits and a debounced message; in v6, headers). Opened by this
+tenant's limits and a debounced message; since v6, headers; in v7, jobs). Opened by this
 code (several clients racing to upgrade it, on SQLite and on a 3-node rqlite), every one of
 them behaves as before."""
 
@@ -26,7 +26,7 @@ from rqlite_queue.errors import QueueFull
 from rqlite_queue.testing import Cluster
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
-VERSIONS = ["v1", "v2", "v3", "v4", "v5", "v6"]
+VERSIONS = ["v1", "v2", "v3", "v4", "v5", "v6", "v7"]
 RACERS = 4
 
 
@@ -259,7 +259,7 @@ def test_a_v4_queue_with_tenants_on_keeps_them_and_takes_limits(
     """Schema v5: a queue whose tenants were on keeps its weights and counts, and its claims
     keep to limits set after the upgrade, even those of a client that assumes tenants off
     (the upgrade marks the queue so that such a claim fails and is made again)."""
-    if version not in ("v4", "v5", "v6"):
+    if version not in ("v4", "v5", "v6", "v7"):
         pytest.skip("tenants came with v4")
     clock = Clock(facts(version)["clock"] + 1)
     q = open_v1(clock, queue="tenanted")
@@ -289,7 +289,7 @@ def test_a_v5_queue_keeps_its_limits_and_debounce_and_its_messages_take_headers(
     messages have no headers (an empty mapping, claimed or dead-lettered), and messages
     published after the upgrade keep theirs, through a debounced replacement, a claim, a dead
     letter and its requeue."""
-    if version not in ("v5", "v6"):
+    if version not in ("v5", "v6", "v7"):
         pytest.skip("limits and debounce came with v5")
     clock = Clock(facts(version)["clock"] + 1)
     q = open_v1(clock, queue="limited")
@@ -328,7 +328,7 @@ def test_a_v6_queue_keeps_its_headers_and_its_jobs_keep_outcomes(
     messages keep no outcome, but are read as jobs (queued, running) and cancelled (the
     leased one flagged, and cancelled by its ack); messages published after the upgrade keep
     theirs; its older dead letter, requeued, keeps none."""
-    if version != "v6":
+    if version not in ("v6", "v7"):
         pytest.skip("headers came with v6")
     clock = Clock(facts(version)["clock"] + 1)
     q = open_v1(clock, queue="headed")
@@ -352,3 +352,4 @@ def test_a_v6_queue_keeps_its_headers_and_its_jobs_keep_outcomes(
     assert q.requeue_dead() == 1
     [old] = [lease for lease in q.claim_many("w", 30, 10) if lease.group_id == "hd"]
     assert old.keep is None and dict(old.headers) == {"why": "dead"}
+
