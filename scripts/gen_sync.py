@@ -32,6 +32,7 @@ REPLACEMENTS = {
     "AsyncShardCalls": "ShardCalls",
     "AsyncShardSchedules": "ShardSchedules",
     "AsyncTransaction": "Transaction",
+    "AsyncBatch": "Batch",
     "AsyncRouter": "Router",
     "AsyncRuntime": "SyncRuntime",
     "AsyncWorker": "Worker",

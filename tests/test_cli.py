@@ -40,6 +40,8 @@ pytestmark = pytest.mark.skipif(
 COMMANDS = [
     [],
     ["publish"],
+    ["batch"],
+    ["batches"],
     ["stats"],
     ["peek"],
     ["worker"],

@@ -144,8 +144,19 @@ async def test_every_input_has_a_label_and_every_button_says_what_it_does(
     lease = await transport.claim("w", 60)
     assert lease is not None
     await transport.dead_letter(lease, "card declined")
+    async with transport.batch(on_complete=("reports", 1)) as made:
+        made.publish("row-1", 1)
     async with client(create_app(transport, allow_actions=True)) as http:
-        for path in ("/", "/groups", "/group?id=order-2", "/dead", "/tenants", "/schedules"):
+        for path in (
+            "/",
+            "/groups",
+            "/group?id=order-2",
+            "/dead",
+            "/tenants",
+            "/schedules",
+            "/batches",
+            f"/batch?id={made.id}",
+        ):
             page = controls((await http.get(path)).text)
             for control in page.controls:
                 assert control.get("id"), (path, control)
@@ -157,6 +168,7 @@ async def test_every_input_has_a_label_and_every_button_says_what_it_does(
         dead = controls((await http.get("/dead")).text)
         current = {"/": "Overview", "/groups": "Groups", "/group?id=order-2": "Groups"}
         current |= {"/dead": "Dead letters", "/tenants": "Tenants", "/schedules": "Schedules"}
+        current |= {"/batches": "Batches", f"/batch?id={made.id}": "Batches"}
         for path, name in current.items():
             text = (await http.get(path)).text
             assert len(re.findall(r"<h1>", text)) == 1, path  # each page says what it is

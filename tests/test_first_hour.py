@@ -81,6 +81,8 @@ QUEUE_COMMANDS: dict[str, list[str]] = {
     "stats": ["stats"],
     "peek": ["peek", "g"],
     "job": ["job", "g", "1"],
+    "batch": ["batch", "01a3185c500010008177ffc572164643"],
+    "batches": ["batches"],
     "worker": ["worker", "walk_handlers:handle", "--burst"],
     "dlq list": ["dlq", "list"],
     "dlq requeue": ["dlq", "requeue"],

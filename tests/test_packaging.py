@@ -75,10 +75,10 @@ def test_the_sdist_holds_source_tests_and_docs_but_no_bench_results(tmp_path: Pa
         for name in names
         if name.startswith(("bench/results/", "site/", ".import_linter_cache/"))
     ]
-    # About 1.1 MB: the migration fixtures (real v1-v4 databases) and the docs' screenshots
-    # (taken from the staged demo queue, ~550 kB) are most of it; the bound catches a stray
-    # build, dataset or site.
-    assert built.stat().st_size < 1_500_000, built.stat().st_size
+    # About 1.5 MB: the docs' screenshots (taken from the staged demo queue, ~550 kB), the
+    # migration fixtures (real v1-v7 databases) and the source, tests and docs; the bound
+    # catches a stray build, dataset or site.
+    assert built.stat().st_size < 1_800_000, built.stat().st_size
 
 
 NO_SIDE_EFFECTS = """

@@ -2,11 +2,12 @@
 says whether the call applied, and so what to do next:
 
 - not applied, fix the input: `InvalidArgument` (`PayloadTooLarge`, `EncodeError`,
-  `InvalidHeaders`);
+  `InvalidHeaders`, `TenantMismatch`, `BatchDone`);
 - not applied, retry later: `Unavailable` (`NoLeader`, `ShardDown`, `NothingListens`),
   `QueueFull`;
 - may have applied: `OutcomeUnknown` (retry only what is safe to repeat);
 - partly applied: `PartialRound` (resend what it lists);
+- applied, not yet where it goes: `ForwardPending` (do not send it again);
 - not applied, and retrying cannot help: `LeaseLost` (drop the result), `StaleShardList`,
   `ClockSkew`, `AuthError`, `SchemaError`, `TransportClosed`, `BackendError`, `DecodeError`."""
 
@@ -54,6 +55,12 @@ class QueueFull(QueueError):
         self.tenant = tenant
         self.group_id = group_id
         self.limit = limit
+
+
+class BatchDone(InvalidArgument):
+    """A publish named a batch that is done (its callbacks were published), or one this
+    queue does not know (never made, or forgotten after its `keep`): nothing can join it, and
+    nothing was written."""
 
 
 class PayloadTooLarge(InvalidArgument):
@@ -165,6 +172,18 @@ class PartialRound(QueueError):
     def __init__(self, message: str, round: Any) -> None:
         super().__init__(message)
         self.round = round
+
+
+class ForwardPending(QueueError):
+    """Applied, not yet on its group's shard: on a sharded queue, messages that join a batch
+    living on another shard than their group's are written with the batch's count on the
+    batch's shard, in its outbox, and forwarded from there (exactly once); their group's
+    shard did not answer in time. They will be published when it does: do not publish them
+    again. `seqs` holds the seqs known (None for each message still on its way)."""
+
+    def __init__(self, message: str, seqs: Sequence[int | None] = ()) -> None:
+        super().__init__(message)
+        self.seqs = list(seqs)
 
 
 class StaleShardList(QueueError):

@@ -40,6 +40,7 @@ linearizable read on rqlite). Every metric has a `queue` label:
 | `rqlite_queue_held_groups` | gauge | groups held (never claimed until released) |
 | `rqlite_queue_delayed_groups` | gauge | groups whose head is a delayed message not due yet |
 | `rqlite_queue_outcomes` | gauge | outcomes of settled messages kept for `result()` |
+| `rqlite_queue_open_batches` | gauge | batches not done yet (open or closed) |
 | `rqlite_queue_stats_errors_total` | counter | scrapes whose `stats()` call failed |
 | `rqlite_queue_shard_up{shard}` | gauge | sharded: 1 while the shard answers, else 0 |
 | `rqlite_queue_shard_depth{shard}` | gauge | sharded: messages on each shard that answered |
@@ -324,6 +325,11 @@ class WorkerCollector:
             "Outcomes of settled messages kept for result() (publish keep=).",
             labels=["queue"],
         )
+        open_batches = GaugeMetricFamily(
+            f"{PREFIX}_open_batches",
+            "Batches not done yet (some of their messages are not settled).",
+            labels=["queue"],
+        )
         if snapshot is not None:
             for priority in PRIORITIES:
                 depth.add_metric([*queue, str(priority)], snapshot.by_priority.get(priority, 0))
@@ -339,8 +345,9 @@ class WorkerCollector:
             held.add_metric(queue, snapshot.held)
             delayed.add_metric(queue, snapshot.delayed_groups)
             outcomes.add_metric(queue, snapshot.outcomes)
+            open_batches.add_metric(queue, snapshot.open_batches)
         yield from (depth, groups, leased, parked, dead, oldest, oldest_by_priority)
-        yield from (paused, held, delayed, outcomes)
+        yield from (paused, held, delayed, outcomes, open_batches)
         yield from self._tenant_families(snapshot)
         yield from self._shard_families(snapshot, with_samples)
 

@@ -1,6 +1,6 @@
 """The values the queue hands out and takes: leases, dead letters, schedules, snapshots, what a
-round did, a job's state and outcome, the shape of a `publish_many` item, and the limits
-callers check against."""
+round did, a job's state and outcome, a batch's state, the shape of a `publish_many` item, and
+the limits callers check against."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ means."""
 PublishItem = tuple[str, Any] | tuple[str, Any, int] | Mapping[str, Any]
 """`(group_id, event)`, `(group_id, event, priority)`, or a mapping with those keys (and
 optionally `dedup_id`, `delay`, `not_before`, `ttl`, `tenant`, `debounce`, `max_wait`,
-`headers`, `keep`)."""
+`headers`, `keep`, `batch`)."""
 MAX_HEADERS = 64
 """Most headers on one message."""
 MAX_HEADERS_BYTES = 8 * 1024
@@ -84,6 +84,19 @@ MAX_TRACEBACK_BYTES = 16 * 1024
 """Most bytes of an error's traceback text kept with a job (its end: the innermost frames)."""
 MAX_ERRORS = 16
 """Most errors kept with a job (its last attempts'; older ones are dropped)."""
+BATCH_STATES = ("open", "closed", "done")
+"""The values of `BatchStatus.state` (and of `batches(state=...)`)."""
+BATCH_HEADER = "rqlite-queue-batch"
+"""The header a batch's callback message carries: the batch as it was when it was done (JSON;
+`Lease.completed_batch` reads it)."""
+MAX_BATCH_FAILURES = 20
+"""Most failures a batch keeps with their reasons (its first ones; all are counted)."""
+MAX_BATCH_REASON = 200
+"""Most characters of a failure's reason a batch keeps."""
+MAX_BATCH_DEPTH = 4
+"""Most levels of nested batches: a batch, and three levels of batches within it."""
+DEFAULT_BATCH_KEEP = 86_400.0
+"""How long `batch_status()` keeps a batch after it is done, unless `batch(keep=...)` says."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -131,6 +144,17 @@ class Lease:
     keep: float | None = None
     """How long the message's outcome is kept after it settles (`publish(keep=...)`, seconds;
     None: not kept). A Worker keeps a handler's return value as the result of such a message."""
+    batch: str | None = None
+    """The batch the message belongs to (None: none). Its follow-ups that name it
+    (`{"batch": lease.batch, ...}`) join it in the settlement's own transaction: the batch
+    grows before this message counts as settled."""
+
+    @property
+    def completed_batch(self) -> BatchStatus | None:
+        """On a batch's callback message (`batch(on_complete=..., on_success=...)`): the batch
+        as it was when it was done (its counts, its first failures). None on other messages."""
+        text = self.headers.get(BATCH_HEADER)
+        return None if text is None else BatchStatus.from_header(text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,6 +231,8 @@ class Stats:
     outcomes: int = 0
     """Outcomes of settled messages kept for `result()` (`publish(keep=...)`), not yet pruned
     (an outcome past its time may still count until the queue's work next prunes)."""
+    open_batches: int = 0
+    """Batches not done yet (open or closed: some of their messages are not settled)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,10 +319,11 @@ class Round:
     extended: list[Lease] = field(default_factory=list)
     expired: list[Lease] = field(default_factory=list)
     """Leases taken on messages whose ttl had passed: not to be handled, but dead-lettered
-    (the transport does that before it returns)."""
+    (the transport does that before it returns: then they are those it dead-lettered)."""
     cancelled: list[Lease] = field(default_factory=list)
     """Leases taken again on messages cancelled while a lease that lapsed held them: not to be
-    handled, but settled as cancelled (the transport does that before it returns)."""
+    handled, but settled as cancelled (the transport does that before it returns: then they
+    are those it settled so)."""
     unsettled: list[Lease] = field(default_factory=list)
     """Settlements and extensions whose shard did not answer (a sharded transport's; on one
     cluster the call raises instead): not known to be applied, to be sent again."""
@@ -441,3 +468,104 @@ class CheckedResult:
     text: str | None = field(repr=False)
     """The value as stored (None: no value)."""
     origin: object = field(repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchFailure:
+    """One failed message of a batch (dead-lettered: it failed for good, or expired), or one
+    of its batches that failed (`batch` names it)."""
+
+    group_id: str
+    seq: int
+    reason: str
+    """Its dead letter's reason (at most MAX_BATCH_REASON characters)."""
+    shard: str = ""
+    """The shard it was on (a sharded queue's; "" on one cluster)."""
+    batch: str | None = None
+    """A batch within this one that failed (then `group_id` is "" and `seq` 0)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchStatus:
+    """A batch, as `batch_status()` reads it (or as it was when it was done, on its callback:
+    `Lease.completed_batch`). Its messages are counted once each, when they settle:
+    `succeeded` (acked), `failed` (dead-lettered, or expired), `cancelled` (`cancel()`,
+    `cancel_group()`); a batch within it counts as one of its messages, settled when it is
+    done (succeeded if none of its own failed)."""
+
+    id: str
+    open: bool
+    """Its `with` block is still under way (after a `flush()`): it cannot be done before the
+    block ends, whatever its counts."""
+    done: bool
+    """Every message settled and the block ended: its callbacks were published (once)."""
+    total: int
+    """Messages (and batches within it) it was given, its messages' follow-ups that joined it
+    included."""
+    pending: int
+    """Those not settled yet (on a sharded queue, also those settled on another shard whose
+    count is still on its way)."""
+    succeeded: int
+    failed: int
+    cancelled: int
+    failures: tuple[BatchFailure, ...] = ()
+    """The first MAX_BATCH_FAILURES failures, with their reasons (all are counted in
+    `failed`)."""
+    parent: str | None = None
+    """The batch this one is a message of (`batch(parent=...)`), or None."""
+    aborted: str | None = None
+    """Why its `with` block ended with an exception after a `flush()` (the batch was then
+    closed with the messages written so far; `on_success` is not published), or None."""
+    created_at: float = 0.0
+    done_at: float | None = None
+    kept_until: float | None = None
+    """When `batch_status()` forgets it (its `keep` after it was done)."""
+    shard: str = ""
+    """The shard it lives on (a sharded queue's; "" on one cluster)."""
+
+    @property
+    def state(self) -> str:
+        """One of BATCH_STATES: `open`, `closed` (only its messages' follow-ups and its
+        batches can still add to it), `done`."""
+        return "done" if self.done else "open" if self.open else "closed"
+
+    @property
+    def succeeded_all(self) -> bool:
+        """Done, none of its messages failed and its block ran to its end: what `on_success`
+        is published for."""
+        return self.done and self.failed == 0 and self.aborted is None
+
+    @classmethod
+    def from_header(cls, text: str) -> BatchStatus:
+        """The batch a callback's BATCH_HEADER describes (as the settlement that finished it
+        wrote it)."""
+        data = json.loads(text)
+        shard = batch_shard(str(data["id"]))
+        failures = tuple(
+            BatchFailure(str(f[0]), int(f[1]), str(f[2]), str(f[3] or shard), f[4] or None)
+            for f in data.get("failures") or ()
+        )
+        counts = [int(data.get(k) or 0) for k in ("succeeded", "failed", "cancelled")]
+        return cls(
+            id=str(data["id"]),
+            open=False,
+            done=True,
+            total=sum(counts),
+            pending=0,
+            succeeded=counts[0],
+            failed=counts[1],
+            cancelled=counts[2],
+            failures=failures,
+            parent=data.get("parent"),
+            aborted=data.get("aborted"),
+            created_at=float(data.get("created_at") or 0.0),
+            done_at=float(data["done_at"]) if data.get("done_at") is not None else None,
+            kept_until=float(data["kept_until"]) if data.get("kept_until") is not None else None,
+            shard=shard,
+        )
+
+
+def batch_shard(batch_id: str) -> str:
+    """The shard a batch lives on, as its id names it (`shard/hex` on a sharded queue; ""
+    for the plain ids of one cluster)."""
+    return batch_id.rpartition("/")[0]

@@ -53,6 +53,7 @@ ONE_TOPOLOGY_ENOUGH = {
     "test_debounce",
     "test_headers",
     "test_outcomes",
+    "test_batches",
 }
 """Modules whose checks are the same code on every rqlite topology (arguments are checked
 before any I/O; the fake clock and the injected lost replies sit above the HTTP client; admin
@@ -102,6 +103,9 @@ class SyncAsAsync:
     def transaction(self) -> Any:
         return AsyncContext(self.sync.transaction())
 
+    def batch(self, *args: Any, **kwargs: Any) -> Any:
+        return AsyncBatchFacade(self.sync.batch(*args, **kwargs))
+
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self.sync, name)
         if not callable(attr):
@@ -111,6 +115,29 @@ class SyncAsAsync:
             return attr(*args, **kwargs)
 
         return call
+
+
+class AsyncBatchFacade:
+    """A sync batch with the async batch's methods (its block with `async with`)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def batch(self, *args: Any, **kwargs: Any) -> Any:
+        return AsyncBatchFacade(self.inner.batch(*args, **kwargs))
+
+    async def flush(self) -> None:
+        self.inner.flush()
+
+    async def __aenter__(self) -> Any:
+        self.inner.__enter__()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> Any:
+        return self.inner.__exit__(*exc_info)
 
 
 class AsyncContext:

@@ -187,6 +187,7 @@ class LookAlike:
     shard: str
     headers: Any
     keep: Any
+    batch: Any
 
 
 WRONG_TYPES: dict[str, Any] = {

@@ -353,3 +353,43 @@ def test_a_v6_queue_keeps_its_headers_and_its_jobs_keep_outcomes(
     [old] = [lease for lease in q.claim_many("w", 30, 10) if lease.group_id == "hd"]
     assert old.keep is None and dict(old.headers) == {"why": "dead"}
 
+
+def test_a_v7_queue_keeps_its_jobs_and_takes_batches(
+    open_v1: Callable[..., Transport], version: str
+) -> None:
+    """Schema v8: a v7 queue's jobs keep their outcomes and states (acked with a result,
+    leased, queued, cancelled while leased), its messages belong to no batch, and batches made
+    after the upgrade count their messages (those that keep outcomes too) and publish their
+    callback once."""
+    if version != "v7":
+        pytest.skip("jobs came with v7")
+    kept = facts(version)["kept"]
+    clock = Clock(facts(version)["clock"] + 1)
+    q = open_v1(clock, queue="jobs")
+    q.setup()
+    assert q.stats().open_batches == 0 and q.batches() == []
+    done = q.result("k", kept["acked"])
+    assert (done.status, done.result) == ("succeeded", {"done": 0})
+    assert q.result("k", kept["leased"]).status == "running"
+    assert q.result("q", kept["queued"]).status == "queued"
+    assert q.result("c", kept["cancelling"]).cancelling == "stopped"
+    with q.batch(on_complete=("done", "all of them")) as batch:
+        batch.publish("b1", 1, keep=600)
+        batch.publish("k", 2)  # behind the leased one, FIFO kept
+    clock.now += 7200  # the fixture's leases lapse
+    leases = {lease.group_id: lease for lease in q.claim_many("w", 30, 10)}
+    assert set(leases) == {"k", "q", "b1"}  # the cancelled one settled so by the claim
+    assert q.result("c", kept["cancelling"]).status == "cancelled"
+    assert leases["k"].seq == kept["leased"] and leases["k"].batch is None
+    assert leases["q"].batch is None and leases["b1"].batch == batch.id
+    q.ack(leases["k"], result="old")
+    q.ack(leases["q"])
+    q.ack(leases["b1"], result="new")
+    [last] = q.claim_many("w", 30, 10)
+    assert (last.group_id, last.batch) == ("k", batch.id)
+    q.ack(last)
+    found = q.batch_status(batch.id)
+    assert found is not None and (found.done, found.succeeded) == (True, 2)
+    assert [event for _, event in q.peek("done")] == ["all of them"]
+    assert q.result("b1", leases["b1"].seq).result == "new"
+    assert q.result("k", kept["leased"]).result == "old"

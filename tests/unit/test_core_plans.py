@@ -19,6 +19,7 @@ from rqlite_queue.errors import EncodeError, TransportClosed
 from rqlite_queue.types import Round
 
 NOW = 1_800_000_000.0
+BATCH_ID = "01a3185c500010008177ffc572164643"
 LONGEST_QUEUE = "q" * 40
 RQLITE_GZIP_TEXT = 1024  # rqlite gzips a request with a statement this long...
 RQLITE_GZIP_COUNT = 50  # ...or this many statements
@@ -65,16 +66,30 @@ def lease(seq: int, group: str, token: str = "w:T0") -> Lease:
 
 def test_a_claim_reads_its_leases_and_a_resend_reads_the_same() -> None:
     plan = claim(core(), "w", 30, 2, 0)
-    # (seq, group, event, attempts, lease's end, message's end, rowid, headers, tenants on)
+    # (seq, group, event, attempts, lease's end, message's end, rowid, headers, batch,
+    # tenants on)
     rows = [
-        [9, "b", '{"n":9}', 2, NOW + 30, None, 12, '{"k":"v"}', 0, 60.0, None],
-        [7, "a", '{"n":7}', 1, NOW + 30, None, 3, None, 0, None, None],
+        [9, "b", '{"n":9}', 2, NOW + 30, None, 12, '{"k":"v"}', None, 0, 60.0, None],
+        [
+            7,
+            "a",
+            '{"n":7}',
+            1,
+            NOW + 30,
+            None,
+            3,
+            None,
+            "01a3185c500010008177ffc572164643",
+            0,
+            None,
+            None,
+        ],
     ]
     canned = reply(plan.batch, leased=Result(rows=rows))
     leases = plan.read(canned).leases
-    assert [(x.seq, x.group_id, x.event, x.attempts, dict(x.headers)) for x in leases] == [
-        (7, "a", {"n": 7}, 1, {}),
-        (9, "b", {"n": 9}, 2, {"k": "v"}),
+    assert [(x.seq, x.group_id, x.event, x.attempts, dict(x.headers), x.batch) for x in leases] == [
+        (7, "a", {"n": 7}, 1, {}, BATCH_ID),
+        (9, "b", {"n": 9}, 2, {"k": "v"}, None),
     ]
     assert {x.token for x in leases} == {"w:T1"}
     assert [x.keep for x in leases] == [None, 60.0]
@@ -86,9 +101,9 @@ def test_a_claim_reads_its_leases_and_a_resend_reads_the_same() -> None:
 def test_a_lease_on_an_expired_message_is_set_apart() -> None:
     plan = claim(core(), "w", 30, 2, 0)
     rows = [
-        [7, "a", "1", 1, NOW + 30, NOW - 1, 1, None, 0, None, None],
-        [9, "b", "2", 1, NOW + 30, NOW + 60, 2, None, 0, None, None],
-        [8, "c", "3", 2, NOW + 30, None, 4, None, 0, None, "stop"],
+        [7, "a", "1", 1, NOW + 30, NOW - 1, 1, None, None, 0, None, None],
+        [9, "b", "2", 1, NOW + 30, NOW + 60, 2, None, None, 0, None, None],
+        [8, "c", "3", 2, NOW + 30, None, 4, None, None, 0, None, "stop"],
     ]
     result = plan.read(reply(plan.batch, leased=Result(rows=rows)))
     assert [x.seq for x in result.leases] == [9]

@@ -16,7 +16,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
-from .._protocol import publish, refusals, rounds, schedules, schema
+from .._protocol import batches, publish, refusals, rounds, schedules, schema
+from .._protocol.batches import BatchWrite
 from .._protocol.core import QueueCore
 from .._protocol.http import STATUS_TIMEOUT, applied_index, parse_nodes
 from .._protocol.messages import MAX_PUBLISH, NewMessage
@@ -423,6 +424,17 @@ class AsyncClusterRouter:
         core = self.backend.core
         due = await self.backend.run(schedules.due_schedules(core), deadline)
         return await self.backend.run(schedules.fire(core, due), deadline) if due else 0
+
+    def batch_shard(self, parent: str | None) -> str:
+        return ""
+
+    async def write_batch(self, write: BatchWrite, deadline: float) -> list[int | None]:
+        written = await self.backend.run(batches.write_plan(self.backend.core, write), deadline)
+        LOCAL_PUBLISHES.wake([self.backend.core.names.queue])
+        return written.seqs
+
+    async def on_batch(self, batch_id: str, plan: Plan[T], deadline: float) -> T:
+        return await self.backend.run(plan, deadline)
 
     async def dead(
         self, plan: Plan[int], deadline: float, *, seqs: object, shard: str | None, what: str

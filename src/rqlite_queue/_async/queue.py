@@ -21,6 +21,7 @@ from .._io.sqlite import AsyncSqliteExecutor
 from .._job import error_of
 from .._protocol import (
     admin,
+    batches,
     jobs,
     messages,
     publish,
@@ -30,6 +31,7 @@ from .._protocol import (
     sharding,
     tenants,
 )
+from .._protocol.batch_ids import check_batch_id
 from .._protocol.checks import check_id, check_int, check_seconds, show
 from .._protocol.core import (
     DEFAULT_DEDUP_WINDOW,
@@ -47,7 +49,9 @@ from .._runtime import LOCAL_CANCELS, LOCAL_OUTCOMES, AsyncWaiter
 from ..codec import Codec
 from ..errors import InvalidArgument, NothingListens, OutcomeUnknown, Unavailable
 from ..types import (
+    DEFAULT_BATCH_KEEP,
     MAX_BATCH,
+    BatchStatus,
     CheckedItems,
     CheckedResult,
     DeadLetter,
@@ -66,6 +70,7 @@ from ..types import (
     Stats,
     TenantInfo,
 )
+from .batch import AsyncBatch
 from .cluster import AsyncBackend, AsyncClusterRouter
 from .router import AsyncRouter
 from .shards import DEFAULT_CLAIM_DEADLINE, AsyncShardRouter
@@ -192,6 +197,7 @@ class AsyncTransport:
         max_wait: float | None = None,
         headers: Mapping[str, str] | None = None,
         keep: float | None = None,
+        batch: str | None = None,
         connection: object = None,
     ) -> int:
         """Append `event` to `group_id`'s FIFO; returns its seq. `priority` (0-4) is fixed by
@@ -222,6 +228,15 @@ class AsyncTransport:
         with its result, failed with its errors, cancelled, expired), for `result()`; None: the
         transport's `keep` (by default: not kept); 0: not kept.
 
+        `batch`: the id of a batch the message joins (`batch()`): counted in it in the
+        publish's own transaction, so the batch is not done before this message is settled;
+        `BatchDone` if the batch is done already (nothing written). Not with `dedup_id` or
+        `debounce` (each message of a batch counts once). On a sharded queue, a message
+        whose group lives on another shard than the batch's is written with the batch's
+        count on the batch's shard and forwarded to its own from there (exactly once);
+        `ForwardPending` if its shard did not answer in time (it will be published: do not
+        publish it again).
+
         `connection` (the embedded queue): a `sqlite3.Connection` of the caller's to the
         queue's file, with a transaction open (or in Python's default transaction mode: the
         publish begins one, as an INSERT would); the publish runs in that transaction, and
@@ -239,6 +254,7 @@ class AsyncTransport:
             max_wait=max_wait,
             headers=headers,
             keep=keep,
+            batch=batch,
         )
         return (await self._publish([message], connection))[0]
 
@@ -314,7 +330,7 @@ class AsyncTransport:
         """Publish many messages in one round trip, atomically, in order. Items are
         `(group_id, event)`, `(group_id, event, priority)` or mappings with those keys and
         optionally `dedup_id`, `delay`, `not_before`, `ttl`, `tenant`, `debounce`, `max_wait`,
-        `headers`, `keep` (as `publish` takes them). On a
+        `headers`, `keep`, `batch` (as `publish` takes them). On a
         sharded queue: atomic on each shard, not across shards (a shard that fails leaves the
         others' messages published; the error names it). `connection`: as `publish` takes
         it."""
@@ -496,7 +512,7 @@ class AsyncTransport:
         its lease lapsed settles it so at once: it is never retried, never reported
         succeeded. None: nothing to cancel (it is over, or was never queued). Safe to resend
         after a lost reply."""
-        plan = jobs.cancel(self._core, group_id, seq, reason)
+        plan = jobs.cancel(self._core, group_id, seq, reason, sharded=self.router.cluster is None)
         done = await self.router.on_group(group_id, plan, self._by())
         if done == "cancelling":
             LOCAL_CANCELS.wake([self.queue])
@@ -514,6 +530,66 @@ class AsyncTransport:
         news(leases)  # (checked before anything is sent)
         found = await self.router.on_leases(leases, news, self._by())
         return jobs.in_given_order(leases, found)
+
+    # ------------------------------------------------------------------------ batches
+
+    def batch(
+        self,
+        on_complete: PublishItem | None = None,
+        on_success: PublishItem | None = None,
+        *,
+        parent: str | None = None,
+        keep: float = DEFAULT_BATCH_KEEP,
+    ) -> AsyncBatch:
+        """A batch of messages whose settlements are counted, and whose callbacks are
+        published once, in the transaction of the batch's last settlement (acked,
+        dead-lettered or cancelled): `on_complete` in any case, `on_success` only if none of
+        its messages failed. Each callback is `(group_id, event[, priority])` or a mapping
+        with `group_id`, `event` and optionally `priority`, `delay`, `ttl`, `tenant`,
+        `headers`; it is published with the header `types.BATCH_HEADER`, the batch as it was
+        when it was done (`Lease.completed_batch`: its counts, its first failures with their
+        reasons).
+
+        `async with queue.batch(...) as b:` then `b.publish(...)`, `b.publish_many(...)`:
+        written with the batch when the block ends, all at once (see `AsyncBatch`). A
+        message of the batch joins it with its follow-ups that name it
+        (`{"batch": lease.batch, ...}`), in its settlement's transaction, so a batch can
+        grow as a tree; any publish can join a batch that is not done (`publish(batch=id)`).
+
+        `parent`: the id of a batch this one is a message of (nested): counted in it when
+        this one is first written, settled in it when this one is done (as succeeded if
+        none of this one's messages failed, else as failed); at most `MAX_BATCH_DEPTH`
+        levels. `keep`: how long `batch_status()` keeps the batch after it is done
+        (seconds)."""
+        sharded = self.router.cluster is None
+        if parent is not None:
+            parent = check_batch_id(parent, sharded=sharded)
+        spec = batches.spec(
+            self._core,
+            on_complete,
+            on_success,
+            parent=parent,
+            keep=keep,
+            shard=self.router.batch_shard(parent),
+            sharded=sharded,
+        )
+        return AsyncBatch(self._core, self.router, spec, self.deadline)
+
+    async def batch_status(self, batch_id: str) -> BatchStatus | None:
+        """A batch's state: open, closed or done, its counts (pending, succeeded, failed,
+        cancelled), its first failures with their reasons. None for a batch this queue
+        does not know (never made, or forgotten `keep` seconds after it was done). A read
+        (no Raft entry)."""
+        plan = batches.status_plan(self._core, batch_id, sharded=self.router.cluster is None)
+        return await self.router.on_batch(batch_id, plan, self._by())
+
+    async def batches(
+        self, *, state: str | None = None, limit: int = 100, after: str | None = None
+    ) -> list[BatchStatus]:
+        """A page of the batches (of `state`: `open`, `closed` or `done`), oldest first (ids
+        sort by creation): pass the last id of a page as `after` for the next one."""
+        plan = batches.list_plan(self._core, state=state, limit=limit, after=after)
+        return await self.router.gather(plan, self._by(), sharding.batches_of(limit))
 
     # ------------------------------------------------------------------------ schedules
 
@@ -611,7 +687,7 @@ class AsyncTransport:
         transaction, and return how many. A lease in flight on it is fenced: its ack, nack or
         extend raises `LeaseLost`. Messages published after this call are not touched. Not
         resent after a lost reply (that could cancel newer messages): `OutcomeUnknown`."""
-        plan = admin.cancel_group(self._core, group_id, reason)
+        plan = admin.cancel_group(self._core, group_id, reason, sharded=self.router.cluster is None)
         return await self.router.on_group(group_id, plan, self._by())
 
     async def set_priority(self, group_id: str, priority: int) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol, TypeVar
 
+from .._protocol.batches import BatchWrite
 from .._protocol.messages import NewMessage
 from .._protocol.plan import Plan, Statement
 from .._protocol.round_spec import CheckedRound
@@ -101,6 +102,20 @@ class AsyncRouter(Protocol):
         self, statements: Sequence[Statement], messages: Sequence[NewMessage], deadline: float
     ) -> list[int]:
         """The caller's statements and publishes, as one transaction; the publishes' seqs."""
+        ...
+
+    def batch_shard(self, parent: str | None) -> str:
+        """The shard a new batch lives on ("" on one cluster): its parent's, or one chosen
+        among the shards that take new groups."""
+        ...
+
+    async def write_batch(self, write: BatchWrite, deadline: float) -> list[int | None]:
+        """A batch's write (its row, its messages, its close) in one transaction on its
+        cluster; its messages' seqs (None for those still on their way to their shard)."""
+        ...
+
+    async def on_batch(self, batch_id: str, plan: Plan[T], deadline: float) -> T:
+        """On the cluster the batch lives on."""
         ...
 
     async def nodes(self) -> list[NodeView]: ...

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..errors import InvalidArgument
 from ..types import GROUP_STATES, MAX_BATCH, MAX_PRIORITY, DeadLetter, GroupInfo, Headers, Stats
+from .batches import OPEN_COUNT, count_cancelled_group
 from .checks import check_id, check_int, show
 from .core import QueueCore
 from .names import Names, Sql, as_json
@@ -207,20 +208,27 @@ _CANCEL = (
 )
 
 
-def cancel_batch(n: Names, group_id: str, reason: str, *, now: float) -> Batch:
+def cancel_batch(
+    n: Names, group_id: str, reason: str, *, now: float, sharded: bool = False
+) -> Batch:
+    """Its messages that belong to batches are counted there as cancelled first (on shards,
+    those of batches elsewhere through the outbox)."""
     g = {"g": as_json(group_id)}
     dead, gone, emptied = _CANCEL
     b = Builder()
+    count_cancelled_group(b, n, group_id, now, sharded=sharded)
     b.add(dead(n), {**g, "reason": reason, "now": now}, slot="cancelled")
     b.add(gone(n), g)
     b.add(emptied(n), {**g, "retire": now + RETIRE_WINDOW})
     return b.build()
 
 
-def cancel_group(core: QueueCore, group_id: str, reason: str) -> Plan[int]:
+def cancel_group(
+    core: QueueCore, group_id: str, reason: str, *, sharded: bool = False
+) -> Plan[int]:
     check_id(group_id, "group_id")
     reason = check_reason(reason)
-    batch = cancel_batch(core.names, group_id, reason, now=core.now())
+    batch = cancel_batch(core.names, group_id, reason, now=core.now(), sharded=sharded)
     # Not resent: a second application would also cancel what was published since.
     return Plan(batch, lambda reply: reply["cancelled"].rows_affected, empties_group=True)
 
@@ -441,12 +449,16 @@ _BY_PRIORITY = Sql(
 )
 
 
+_OPEN_BATCHES = Sql("SELECT {open_count}", open_count=OPEN_COUNT)
+
+
 def stats_batch(n: Names, *, now: float) -> Batch:
     b = Builder(write=False)
     b.add(_COUNTS(n), {"now": now}, slot="counts")
     b.add(_DELAYED_GROUPS(n), {"now": now}, slot="delayed_groups")
     b.add(_COUNTERS(n), slot="counters")
     b.add(_BY_PRIORITY(n), slot="by_priority")
+    b.add(_OPEN_BATCHES(n), slot="open_batches")
     return b.build()
 
 
@@ -473,6 +485,7 @@ def stats(core: QueueCore) -> Plan[Stats]:
             tenants_on=bool(tenants_on),
             outcomes=int(outcomes or 0),
             delayed_groups=int(reply["delayed_groups"].rows[0][0]),
+            open_batches=int(reply["open_batches"].rows[0][0]),
             oldest_by_priority={
                 int(p): max(0.0, now - float(at))
                 for p, _, at in reply["by_priority"].rows

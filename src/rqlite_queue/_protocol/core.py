@@ -22,6 +22,7 @@ from ..errors import (
     QueueError,
     TransportClosed,
 )
+from .batch_ids import BatchIds
 from .checks import check_int, check_seconds, show
 from .names import Names
 from .outcomes import check_keep
@@ -90,6 +91,7 @@ class QueueCore:
         """How long the outcome of a message published without `keep=` is kept (None: not
         kept)."""
         self.closed = False
+        self.batch_ids = BatchIds()
         self.trace_headers: Callable[[], Mapping[str, str] | None] | None = None
         """What every message checked now carries besides its own headers: the trace context
         in force (OpenTelemetry's, set by the transport when it is installed; None: nothing)."""

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..errors import InvalidArgument
 from ..types import MAX_BATCH, Headers, JobResult, Lease, LeaseCheck
+from .batches import count_cancelled_message
 from .checks import check_id, check_int, show
 from .core import QueueCore
 from .names import Fields, Names, Sql, as_json
@@ -75,13 +76,17 @@ _WAS = Sql(
 )
 
 
-def cancel_batch(n: Names, group_id: str, seq: int, reason: str, *, now: float) -> Batch:
+def cancel_batch(
+    n: Names, group_id: str, seq: int, reason: str, *, now: float, sharded: bool = False
+) -> Batch:
     """Flag a leased message (slot "flagged"); or remove a queued one (slot "removed"; slot
-    "was": the record of a removal, an earlier send's too) and let its group go on."""
+    "was": the record of a removal, an earlier send's too), counted as cancelled in its batch
+    if it has one, and let its group go on."""
     here = {"g": as_json(group_id), "q": seq}
     b = Builder()
     b.add(_FLAG(n), {**here, "r": reason}, slot="flagged")
     b.add(_RECORD(n), {**here, "e": now + RETIRE_WINDOW, "r": reason})
+    count_cancelled_message(b, n, _QUEUED, {**here, "now": now}, sharded=sharded)
     b.add(_REMOVE(n), here, slot="removed")
     b.add(_GOES_ON(n), {**here, "retire": now + RETIRE_WINDOW, "now": now})
     b.add(_WAS(n), {"q": seq}, slot="was")
@@ -96,14 +101,16 @@ def read_cancel(reply: Reply) -> str | None:
     return None
 
 
-def cancel(core: QueueCore, group_id: str, seq: int, reason: str) -> Plan[str | None]:
+def cancel(
+    core: QueueCore, group_id: str, seq: int, reason: str, *, sharded: bool = False
+) -> Plan[str | None]:
     """Cancel message `seq` of `group_id`: "cancelled" (it was queued: removed), "cancelling"
     (leased: flagged), or None (not in the queue). Safe to resend: it flags or removes once,
     and a resend finds the record of a removal (or flags again)."""
     check_id(group_id, "group_id")
     check_int(seq, "seq", 1, 2**63 - 1)
     reason = check_reason(reason)
-    batch = cancel_batch(core.names, group_id, seq, reason, now=core.now())
+    batch = cancel_batch(core.names, group_id, seq, reason, now=core.now(), sharded=sharded)
     return Plan(batch, read_cancel, resend_safe=True, empties_group=True)
 
 

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 
 from ..errors import InvalidArgument, InvalidHeaders
 from ..types import MAX_HEADERS, MAX_HEADERS_BYTES, MAX_PRIORITY, CheckedItems, PublishItem
+from .batch_ids import check_batch_id
 from .checks import MAX_SECONDS, check_id, check_int, check_seconds, check_tenant, show
 from .core import QueueCore
 from .outcomes import check_keep
@@ -46,6 +47,8 @@ class NewMessage(NamedTuple):
     """Its headers, encoded (a JSON object; None: none)."""
     keep: float | None = None
     """Seconds its outcome is kept after it settles (None: not kept)."""
+    batch: str | None = None
+    """The batch it joins (counted there when it is written: see batches.py; None: none)."""
 
 
 class _MakeRow(Protocol):
@@ -54,7 +57,7 @@ class _MakeRow(Protocol):
 
 _new_row: _MakeRow = tuple.__new__
 """Makes a named tuple from a tuple of all its fields, without its `__new__`'s call."""
-_CHECKED = NewMessage._fields.index("keep") + 1
+_CHECKED = NewMessage._fields.index("batch") + 1
 _LATER = tuple(NewMessage._field_defaults[f] for f in NewMessage._fields[_CHECKED:])
 """The defaults of the fields of `NewMessage` after those `checked_message` sets (none yet):
 a field added at its end needs no change here."""
@@ -80,6 +83,7 @@ class Message(NamedTuple):
     max_wait: Any = None
     headers: Any = None
     keep: Any = None
+    batch: Any = None
 
     @classmethod
     def parse(cls, item: PublishItem) -> Message:
@@ -137,14 +141,17 @@ def checked_message(
     dedup_id: Callable[[Any], str | None] | None,
     trace: TraceHeaders | None = None,
     keep_default: float | None = None,
+    *,
+    sharded: bool = False,
 ) -> NewMessage:
     """The row to insert: every field checked, the event encoded, the dedup id (given, or
     `dedup_id(event)`; None: no such function) checked, the headers checked and encoded (with
     `trace`'s, the trace context of the publish, over the given ones), how long its outcome is
-    kept (given, or `keep_default` when not; 0: not kept)."""
+    kept (given, or `keep_default` when not; 0: not kept), the batch it joins checked (a batch
+    id of this queue's kind: `sharded`)."""
     if len(given) == 2:
         group_id, event = given
-        priority, given_dedup, delay, not_before, ttl, tenant, debounce, wait, head, keep = (
+        priority, given_dedup, delay, not_before, ttl, tenant, debounce, wait, head, keep, batch = (
             _DEFAULTS
         )
     else:
@@ -161,6 +168,7 @@ def checked_message(
             wait,
             head,
             keep,
+            batch,
         ) = given  # (one unpacking: cheaper than twelve attribute reads)
     check_id(group_id, "group_id")
     check_int(priority, "priority", 0, MAX_PRIORITY)
@@ -174,7 +182,9 @@ def checked_message(
         )
     text = encode(event)
     dedup = None
-    if debounce is None:
+    if batch is not None:
+        _check_joining(batch, given_dedup, debounce, sharded)
+    elif debounce is None:
         dedup = given_dedup if given_dedup is not None or dedup_id is None else dedup_id(event)
     if dedup is not None:
         check_id(dedup, "dedup_id")
@@ -200,9 +210,20 @@ def checked_message(
             due_by,
             headers,
             keep,
+            batch,
             *_LATER,
         ),
     )
+
+
+def _check_joining(batch: object, dedup_id: object, debounce: object, sharded: bool) -> None:
+    """A message that joins a batch: each one counts once there, so it takes no dedup id
+    (and the transport's `dedup_key` is not asked) and no debounce key."""
+    check_batch_id(batch, sharded=sharded)
+    if dedup_id is not None:
+        raise InvalidArgument("a message that joins a batch takes no dedup_id: it counts once")
+    if debounce is not None:
+        raise InvalidArgument("a message that joins a batch takes no debounce key")
 
 
 def _timed(
@@ -312,7 +333,7 @@ def checked(core: QueueCore, given: Sequence[GivenMessage], *, scoped: bool) -> 
     rows: list[NewMessage] = []
     try:  # (one try for the list: a call per message to mark its index costs more)
         for m in given:
-            row = checked_message(m, now, encode, dedup_id, trace, keep)
+            row = checked_message(m, now, encode, dedup_id, trace, keep, sharded=scoped)
             if scoped and row.dedup_id is not None:
                 row = row._replace(dedup_id=scoped_dedup_id(row.group_id, row.dedup_id))
             rows.append(row)

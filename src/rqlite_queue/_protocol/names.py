@@ -63,6 +63,20 @@ class Names:
     groups_holders: str
     messages_kept: str
     """The triggers that record a kept message's holders, and write its outcome (schema.py)."""
+    batches: str
+    batches_open: str
+    batches_expiry: str
+    batches_order: str
+    batch_sources: str
+    batch_callbacks: str
+    batches_done_1: str
+    batches_done_2: str
+    batches_done_3: str
+    batches_done_4: str
+    """The triggers that finish the batches of each depth (batches.py)."""
+    batches_finished_here: str
+    batches_finished_elsewhere: str
+    """The triggers that publish a finished batch's callbacks (one cluster; shards)."""
     retired: str
     """Schema v1 only (its job is done by the empty rows of `groups` since v2)."""
 
@@ -85,6 +99,9 @@ class Names:
             self.outbox,
             self.tenants,
             self.outcomes,
+            self.batches,
+            self.batch_sources,
+            self.batch_callbacks,
         )
 
 

@@ -201,6 +201,9 @@ class Known:
 
     tenants_on: bool = False
     idle: dict[int, bool] = field(default_factory=dict)
+    sharded: bool = False
+    """The cluster is a shard of a sharded queue (its settlements send the counts of batches
+    that live elsewhere through its outbox)."""
 
     def learn(self, tenants_on: bool) -> None:
         self.tenants_on = tenants_on

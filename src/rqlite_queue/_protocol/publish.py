@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
 
 from ..errors import QueueError, QueueFull, TenantMismatch
+from .batch_joins import count_joins, joins
 from .checks import show
 from .core import QueueCore
 from .messages import NewMessage
@@ -117,20 +118,30 @@ ALWAYS = Sql("true")
 
 @functools.cache
 def _insert(
-    condition: Sql, unseen: bool, replaced: bool, tripwire: bool, columns: tuple[str, ...]
+    condition: Sql,
+    unseen: bool,
+    replaced: bool,
+    tripwire: bool,
+    columns: tuple[str, ...],
+    batch: Sql | None = None,
 ) -> Sql:
     """Insert the items for which `condition` holds (of those with a dedup id, the unseen
     ones; with a debounce key, those that replaced nothing), in order; `columns`: the
-    optional ones the items set (their fields of the same names)."""
+    optional ones the items set (their fields of the same names). `batch`: the value of
+    their batch column (a message that joins a batch; None: none does)."""
     return Sql(
         """
-        INSERT INTO {messages} (group_id, event, published_at, dedup_id, due, expires{extra})
+        INSERT INTO {messages} (group_id, event, published_at, dedup_id, due, expires{extra}
+          {batch_column})
         SELECT {j.group_id}, {j.event}, {published_at}, {j.dedup_id}, {j.due}, {j.expires}{values}
+          {batch_value}
         FROM json_each(:items) j WHERE {condition} {unseen} {replaced} ORDER BY j.key
         """,
         j=J,
         extra="".join(f", {column}" for column in columns),
         values=Sql("".join(f", {{j.{column}}}" for column in columns), j=J),
+        batch_column=", batch" if batch is not None else "",
+        batch_value=Sql(", {value}", value=batch) if batch is not None else "",
         published_at=_TRIPWIRE if tripwire else ":now",
         condition=condition,
         unseen=_UNSEEN if unseen else "",
@@ -305,6 +316,7 @@ def publish(
     prune_before: float | None,
     bounds: str = "check",
     bind_rows: bool = False,
+    joined: Sequence[tuple[str, int]] = (),
 ) -> Batch:
     """Append messages in order, in a fixed number of statements. `messages` must not repeat a
     dedup id (the plan folds repeats). `prune_before`: first forget dedup ids that expired
@@ -312,8 +324,10 @@ def publish(
     "tripwire" (a client that has not learnt that tenants are on: bounds need them on) fail
     with TENANTS_ON_ERROR if they are; "skip" them (follow-ups forwarded from an outbox:
     never bounded). `bind_rows`: the backend binds parameters for less than SQL parses them
-    out of JSON (`_bound`)."""
-    if bind_rows and 0 < len(messages) <= BOUND_ROWS:
+    out of JSON (`_bound`). `joined`: the batches its messages join, each with how many:
+    counted there (`batches.count_joins`; forwarded messages were counted on their batch's
+    shard: none)."""
+    if bind_rows and 0 < len(messages) <= BOUND_ROWS and not joined:
         bound = _bound(n, messages, now, prune_before, bounds)
         if bound is not None:
             return bound
@@ -335,6 +349,7 @@ def publish(
     if bounds == "tripwire" and named:
         bounds = "check"  # this publish turns them on (above), if they were not
     tripwire = bounds == "tripwire"
+    count_joins(b, n, joined, now)
     insert_messages(
         b,
         n,
@@ -358,6 +373,10 @@ def publish(
     return b.build()
 
 
+BATCH_OF_ITEM = Sql("{j.batch}", j=J)
+"""The batch column of an inserted message: its item's."""
+
+
 def insert_messages(
     b: Builder,
     n: Names,
@@ -369,40 +388,50 @@ def insert_messages(
     condition: Sql = ALWAYS,
     replaced: bool = False,
     tripwire: bool = False,
+    params: Mapping[str, Any] | None = None,
+    batch: Sql = BATCH_OF_ITEM,
 ) -> None:
     """Insert `items` (a JSON array of items whose first fields are a `NewMessage`'s), those
     for which `condition` holds (an `Sql` condition over `j`: a follow-up's lease holds), and
     create or refill their groups' rows. `replaced`: a debounced item that replaced its
     group's pending message is not inserted (its group has one, so its row is neither created
     nor refilled). `tripwire`: the insert fails if tenants are on (so the groups' rows are
-    made without them: `upsert_groups`)."""
-    deduplicated = headers = named = delayed = kept = False
+    made without them: `upsert_groups`). `params`: those `condition` names, besides the
+    items. `batch`: the value of a message's batch column (`{j.batch}`; a follow-up's is its
+    lease's message's), named only where a message joins a batch."""
+    deduplicated = headers = named = delayed = kept = joining = False
     for m in messages:  # (one pass)
         deduplicated = deduplicated or m.dedup_id is not None
         headers = headers or m.headers is not None
         named = named or m.tenant is not None
         delayed = delayed or bool(m.due)
         kept = kept or m.keep is not None
+        joining = joining or m.batch is not None
+    given = {} if params is None else dict(params)
     if named:
-        b.add(_same_tenant(condition)(n), {"items": items})
+        b.add(_same_tenant(condition)(n), {"items": items, **given})
     if deduplicated:
         b.add(_MARK_LAST_SEQ(n))
     # The headers' and keep's columns are named only where a message sets them (only then: a
-    # v5 or v6 client's text); the debounce columns only where a publish may replace.
+    # v5 or v6 client's text); the debounce columns only where a publish may replace; the
+    # batch column only where a message joins a batch (a v8 client's text).
     columns = (
         *(("debounce", "due_by") if replaced else ()),
         *(("headers",) if headers else ()),
         *(("keep",) if kept else ()),
     )
-    insert = _insert(condition, deduplicated, replaced, tripwire, columns)
-    b.add(insert(n), {"items": items, "now": now}, slot="inserted")
+    insert = _insert(
+        condition, deduplicated, replaced, tripwire, columns, batch if joining else None
+    )
+    b.add(insert(n), {"items": items, "now": now, **given}, slot="inserted")
     groups = as_json(list(dict.fromkeys(m.group_id for m in messages)))
     b.add(_FORGET(n), {"groups": groups, "now": now})
     if deduplicated:
         b.add(_RECORD_DEDUP(n), {"until": dedup_until})
     rows = _items_rows(condition, deduplicated)
     upsert = upsert_groups(rows, tenants=not tripwire, delays=delayed)
-    b.add(upsert(n), {"items": items, "now": now} if delayed else {"items": items})
+    upsert_params = {"items": items, "now": now} if delayed else {"items": items}
+    b.add(upsert(n), {**upsert_params, **given})
 
 
 # -------------------------------------------------------------- the embedded SQLite's form
@@ -464,10 +493,20 @@ def _bound(
     params: list[Any] = []
     first: dict[str, tuple[int, float]] = {}  # group id: its first message's priority, due
     wide = delayed = False
-    for group_id, event, priority, dedup_id, due, expires, tenant, debounce, head, keep in map(
-        _BOUND_FIELDS, messages
-    ):
-        if dedup_id is not None or tenant is not None or debounce is not None:
+    for (
+        group_id,
+        event,
+        priority,
+        dedup_id,
+        due,
+        expires,
+        tenant,
+        debounce,
+        head,
+        keep,
+        batch,
+    ) in map(_BOUND_FIELDS, messages):
+        if dedup_id is not None or tenant is not None or debounce is not None or batch is not None:
             return None
         params += (group_id, event, now)
         if due or expires is not None or head is not None or keep is not None:
@@ -630,16 +669,20 @@ def plan(
     *,
     tenants_on: bool | None = True,
     bind_rows: bool = False,
+    counted: bool = False,
 ) -> Plan[list[int]]:
     """Publish checked messages atomically; the plan reads their seqs, in order.
     `tenants_on`: what the client knows of the queue's tenants (bounds need them on): True,
     check the bounds; False, fail if they are on (and then publish checking them: `instead`);
     None, skip bounds (follow-ups forwarded from an outbox). `bind_rows`: the backend is the
-    embedded SQLite (`publish`)."""
+    embedded SQLite (`publish`). `counted`: the messages that join batches were counted in
+    them already (forwarded from their batch's shard's outbox); else they are counted now,
+    in the publish's transaction (their batches must live here)."""
     now = core.now()
     plain = not any(
         m.tenant is not None or m.dedup_id is not None or m.debounce is not None for m in messages
     )
+    joined = () if counted else joins(messages)
     unique, where = (list(messages), None) if plain else _folded(messages)
     seen = () if plain else {m.dedup_id for m in unique if m.dedup_id is not None}
     # Forget ids a whole window after they expired: a publisher whose clock runs ahead of
@@ -653,6 +696,7 @@ def plan(
         prune_before=now - core.dedup_window if prune else None,
         bounds="check" if tenants_on else "skip" if tenants_on is None else "tripwire",
         bind_rows=bind_rows,
+        joined=joined,
     )
 
     def read(reply: Reply) -> list[int]:
@@ -663,7 +707,7 @@ def plan(
         if isinstance(error, QueueFull):
             return _queue_full(core, unique)
         if isinstance(error, TenantsTurnedOn) and tenants_on is False:
-            return plan(core, messages, tenants_on=True, bind_rows=bind_rows)
+            return plan(core, messages, tenants_on=True, bind_rows=bind_rows, counted=counted)
         return None
 
     named = not plain and any(m.tenant is not None for m in unique)

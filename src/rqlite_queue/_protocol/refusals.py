@@ -6,8 +6,9 @@ then the plan what to do instead (`Plan.instead`)."""
 
 from __future__ import annotations
 
-from ..errors import QueueError, QueueFull, TenantMismatch
+from ..errors import BatchDone, QueueError, QueueFull, TenantMismatch
 from . import publish, rounds
+from .batch_joins import BATCH_DONE_ERROR
 from .core import QueueCore
 from .schema import FENCE_ERROR, SchemaChanged, changed
 from .tenants import TenantsTurnedOn
@@ -26,6 +27,11 @@ def refined(core: QueueCore, error: QueueError) -> QueueError:
         or publish.TENANTS_ON_ERROR.format(messages=n.messages) in text
     ):
         return TenantsTurnedOn(text)
+    if BATCH_DONE_ERROR.format(batch_sources=n.batch_sources) in text:
+        return BatchDone(
+            "this write names a batch that is done (its callbacks were published), or that "
+            "this queue does not know: nothing was written"
+        )
     if publish.TENANT_CHANGE_ERROR.format(tenants=n.tenants) in text:
         return TenantMismatch(
             "a group's tenant never changes while it has messages: this publish names "

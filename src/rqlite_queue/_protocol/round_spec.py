@@ -248,6 +248,12 @@ def _follow_ups(
             raise InvalidArgument(f"at most {MAX_PUBLISH} follow-ups per round")
         unique: list[NewMessage] = []
         for m in rows:
+            if m.batch is not None and m.batch != lease.batch:
+                raise InvalidArgument(
+                    f"a follow-up joins only its own lease's batch (counted with its "
+                    f"settlement): {show(m.batch)} is not the batch of this lease "
+                    f"({show(lease.batch)})"
+                )
             if m.dedup_id is not None:
                 if owner.setdefault(m.dedup_id, key) != key:
                     raise InvalidArgument(

@@ -22,6 +22,11 @@ from typing import Any, NamedTuple
 from ..errors import OutcomeUnknown, QueueError, Unavailable
 from ..group_states import LEASED, PARKED, READY
 from ..types import MAX_PRIORITY, Headers, Lease, Probe, Round
+from .batches import ACKED as BATCH_ACKED
+from .batches import BACK as BATCH_BACK
+from .batches import FAILED as BATCH_FAILED
+from .batches import PRUNE as PRUNE_BATCHES
+from .batches import Settled, count_settled
 from .checks import check_int
 from .core import QueueCore
 from .messages import NewMessage
@@ -86,6 +91,11 @@ class Settle:
     """The errors (JSON) of given-back leases whose messages keep their outcome."""
     progress: Sequence[tuple[Held, str]] = ()
     """The progress (JSON) of extended leases."""
+    batches: Sequence[Settled] = ()
+    """The finished and given-back leases of messages of batches: counted there (batches.py;
+    one given back only if its message was cancelled)."""
+    sharded: bool = False
+    """A shard's part of a round (the counts of batches elsewhere go to its outbox)."""
 
     @property
     def count(self) -> int:
@@ -126,7 +136,28 @@ _LEASE_HOLDS = Sql(
     """,
     j=FOLLOW_UP,
 )
+# A follow-up that joins its lease's batch joins the batch of the lease's message (its row's:
+# the lease's word is not taken for it), counted with the lease's settlement.
+_JOINS = Sql(
+    """
+    CASE WHEN {j.batch} IS NOT NULL THEN (
+      SELECT batch FROM {messages} WHERE seq = {j.lease_seq}) END
+    """,
+    j=FOLLOW_UP,
+)
 _OUTBOXED = Sql(
+    """
+    INSERT INTO {outbox} (group_id, event, priority, dedup_id, due, expires, tenant, created_at,
+      headers, keep, batch)
+    SELECT {j.group_id}, {j.event}, {j.priority}, {j.dedup_id}, {j.due}, {j.expires},
+      {j.tenant}, :now, {j.headers}, {j.keep}, {joins}
+    FROM json_each(:o) j WHERE {holds} ORDER BY j.key
+    """,
+    j=FOLLOW_UP,
+    holds=_LEASE_HOLDS,
+    joins=_JOINS,
+)
+_OUTBOXED_PLAIN = Sql(
     """
     INSERT INTO {outbox} (group_id, event, priority, dedup_id, due, expires, tenant, created_at,
       headers, keep)
@@ -145,7 +176,10 @@ def _follow_ups(b: Builder, n: Names, s: Settle, now: float) -> None:
     send applied finds the lease gone and publishes nothing again."""
     if s.outboxed:
         items = as_json([[*m, *h] for h, m in s.outboxed])
-        b.add(_OUTBOXED(n), {"o": items, "now": now}, slot="outboxed")
+        joining = any(m.batch is not None for _, m in s.outboxed)
+        outboxed = _OUTBOXED if joining else _OUTBOXED_PLAIN  # (no batch column to fill)
+        b.add(outboxed(n), {"o": items, "now": now}, slot="outboxed")
+    count_settled(b, n, s.batches, now, sharded=s.sharded)
     if not s.follow_ups:
         return
     messages = [m for _, m in s.follow_ups]
@@ -153,7 +187,14 @@ def _follow_ups(b: Builder, n: Names, s: Settle, now: float) -> None:
         turn_on(b, n)
     items = as_json([[*m, *h] for h, m in s.follow_ups])
     insert_messages(
-        b, n, messages, items, now=now, dedup_until=s.dedup_until, condition=_LEASE_HOLDS
+        b,
+        n,
+        messages,
+        items,
+        now=now,
+        dedup_until=s.dedup_until,
+        condition=_LEASE_HOLDS,
+        batch=_JOINS,
     )
 
 
@@ -528,6 +569,7 @@ _HEADS = Sql(
     head, group_id, (SELECT event FROM {messages} WHERE seq = head), attempts, until,
     (SELECT expires FROM {messages} WHERE seq = head), rowid,
     (SELECT headers FROM {messages} WHERE seq = head),
+    (SELECT batch FROM {messages} WHERE seq = head),
     (SELECT value FROM {meta} WHERE "key" = 'tenants'),
     (SELECT keep FROM {messages} WHERE seq = head),
     (SELECT cancel FROM {messages} WHERE seq = head)
@@ -549,6 +591,8 @@ class Leased(NamedTuple):
     """The group's: its creation order."""
     headers: str | None
     """Its headers, as stored (None: none)."""
+    batch: str | None
+    """The batch it belongs to (None: none)."""
     tenants_on: int
     keep: float | None
     """How long its outcome is kept (None: not kept)."""
@@ -667,6 +711,7 @@ _PRUNE = (
     Sql("DELETE FROM {claims} WHERE expires_at < :now"),
     Sql("DELETE FROM {settled} WHERE expires_at < :now"),
     Sql("DELETE FROM {outcomes} WHERE expires_at < :now"),
+    *PRUNE_BATCHES,
 )
 
 
@@ -827,6 +872,8 @@ def plan(
     checked: CheckedRound,
     fair: bool = False,
     learn: Callable[[bool], None] | None = None,
+    *,
+    sharded: bool = False,
 ) -> Plan[Round]:
     """Settle leases and claim up to `n` new ones, in one transaction (`round_trip`).
 
@@ -869,6 +916,21 @@ def plan(
             if s.kind == GIVE_BACK and s.error is not None and s.lease.keep is not None
         ],
         progress=[(s.held, s.progress) for s in extends if s.progress is not None],
+        batches=[
+            Settled(
+                *s.held,
+                BATCH_BACK
+                if s.kind == GIVE_BACK
+                else BATCH_ACKED
+                if s.reason is None
+                else BATCH_FAILED,
+                s.reason,
+                sum(m.batch is not None for m in (*s.follow_ups, *s.outboxed)),
+            )
+            for s in settling
+            if s.lease.batch is not None and s.kind != EXTEND
+        ],
+        sharded=sharded,
     )
     prune = bool(settle.finish) and core.chance() < PRUNE_CHANCE
     names = core.names
@@ -901,6 +963,7 @@ def plan(
                 float(r.expires_at),
                 headers=Headers.stored(r.headers),
                 keep=float_or_none(r.keep),
+                batch=None if r.batch is None else str(r.batch),
             )
             if r.cancel is not None:
                 cancelled.append(lease)
@@ -931,7 +994,7 @@ def plan(
         # Another client turned tenants on since this one last looked: nothing was written;
         # the same round again, sharing by weight within the tenants' limits.
         if isinstance(error, TenantsTurnedOn) and not fair:
-            return plan(core, checked, True, learn)
+            return plan(core, checked, True, learn, sharded=sharded)
         return None
 
     return Plan(
@@ -997,10 +1060,12 @@ def steps(
         due = found.next_due is not None and found.next_due <= core.clock()
         if not (found.claimable or due):
             return Round()
-    first = plan(core, checked, known.tenants_on, known.learn)
+    first = plan(core, checked, known.tenants_on, known.learn, sharded=known.sharded)
     result: Round = yield first if guard is None else guard(first)
     leases, expired, cancelled = list(result.leases), result.expired, result.cancelled
     done = [s.lease for s in checked.settlements if s.kind != EXTEND]
+    dead: list[Lease] = []
+    gone: list[Lease] = []
     while expired or cancelled:
         spec = RoundSpec(
             worker_id=checked.worker_id,
@@ -1011,14 +1076,20 @@ def steps(
             ack=cancelled,
         )
         try:
-            more: Round = yield plan(core, check_round(core, spec), known.tenants_on, known.learn)
+            more: Round = yield plan(
+                core, check_round(core, spec), known.tenants_on, known.learn, sharded=known.sharded
+            )
         except (Unavailable, OutcomeUnknown):
             break
         done += [*expired, *cancelled]
+        dead += expired
+        gone += cancelled
         leases += more.leases
         expired, cancelled = more.expired, more.cancelled
     if settled is not None and done:
         settled(done)
     if claims_alone:
         known.idle[floor] = not leases
-    return Round(leases=leases, lost=result.lost, extended=result.extended)
+    return Round(
+        leases=leases, lost=result.lost, extended=result.extended, expired=dead, cancelled=gone
+    )

@@ -57,12 +57,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..errors import BackendError, OutcomeUnknown, SchemaError
+from .batches import SHAPE as BATCH_TABLES
+from .batches import TABLES
 from .core import QueueCore
 from .names import Names, Sql, as_json
 from .plan import Batch, Builder, Plan, Reply, Statement, Steps
 from .tenants import BOUNDED, MARK, turn_on
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 RETIRE_WINDOW = 300.0
 """How long the row of a group that emptied is kept (its place in the round robin), and how
 long claim tokens and settlement records are remembered."""
@@ -415,6 +417,11 @@ MIGRATIONS: dict[int, tuple[Sql, ...]] = {
         ),
         *OUTCOMES_TABLES,
     ),
+    # v7 -> v8: batches (batches.py): their rows (the triggers that finish them are made
+    # with the first batch that needs them); a message's batch; on the outbox, a message's
+    # batch and the counts sent to another shard. v7 clients are fenced out of a v8 queue (a
+    # v7 settlement would not count in its message's batch).
+    8: TABLES,
 }
 
 # A new queue: the tables of version 3, then the later steps (`_create`).
@@ -444,7 +451,7 @@ SHAPE = {
     "meta": frozenset({"key", "value"}),
     "messages": frozenset(
         {"seq", "group_id", "event", "published_at", "dedup_id", "due", "expires", "debounce"}
-        | {"due_by", "headers", "keep", "cancel", "progress", "errors", "workers"}
+        | {"due_by", "headers", "keep", "cancel", "progress", "errors", "workers", "batch"}
     ),
     "groups": frozenset(
         {"group_id", "priority", "turn", "ready", "until", "parked", "attempts", "token"}
@@ -463,7 +470,7 @@ SHAPE = {
     "settled": frozenset({"token", "seq", "kind", "expires_at", "result", "reason", "error"}),
     "outbox": frozenset(
         {"id", "group_id", "event", "priority", "dedup_id", "due", "expires", "created_at"}
-        | {"tenant", "headers", "keep"}
+        | {"tenant", "headers", "keep", "batch", "counts"}
     ),
     "tenants": frozenset(
         {"name", "weight", "vt", "ready", "cap", "rate", "burst", "tokens", "stamp"}
@@ -474,6 +481,7 @@ SHAPE = {
         | {"progress", "attempts", "workers", "holder", "published_at", "started_at"}
         | {"finished_at", "expires_at"}
     ),
+    **BATCH_TABLES,
 }
 """The columns of each table at SCHEMA_VERSION, by the table's name less the queue's prefix
 (what `create` and `migrate` make: tests/migration checks it)."""

@@ -16,6 +16,7 @@ id order with a dedup id made from their id (`sharding.outbox_message`), then de
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -143,18 +144,26 @@ def shard_epoch(core: QueueCore) -> Plan[int]:
 class OutboxRow:
     id: int
     message: NewMessage
+    counts: str | None = None
+    """A settlement's counts for a batch of another shard (batches.Counts; then `message` is
+    none)."""
+
+    @property
+    def counts_batch(self) -> str:
+        """The batch its counts are for."""
+        return str(json.loads(self.counts or "[]")[0])
 
 
 # The oldest follow-ups waiting to be forwarded, in the order they were written: `id`, then a
 # message's fields as far as the outbox keeps them (NewMessage's names).
-_KEPT = tuple(f for f in NewMessage._fields if f not in ("debounce", "due_by"))
+_KEPT = (*(f for f in NewMessage._fields if f not in ("debounce", "due_by")), "counts")
 _OLDEST = Sql("SELECT id, {columns} FROM {outbox} ORDER BY id LIMIT :n", columns=", ".join(_KEPT))
 _FORWARDED = Sql("DELETE FROM {outbox} WHERE id IN (SELECT value FROM json_each(:ids))")
 
 
 def read_outbox(core: QueueCore, limit: int) -> Plan[list[OutboxRow]]:
-    """The oldest follow-ups waiting to be forwarded (the leader's own copy: a row committed a
-    moment ago may be missed, and is found next time)."""
+    """The oldest follow-ups (and batches' counts) waiting to be forwarded (the leader's own
+    copy: a row committed a moment ago may be missed, and is found next time)."""
     core.now()
     b = Builder(write=False, local=True)
     b.add(_OLDEST(core.names), {"n": limit}, slot="outbox")
@@ -178,7 +187,9 @@ def outbox_rows(reply: Reply) -> list[OutboxRow]:
                     _text_or_none(kept["tenant"]),
                     headers=_text_or_none(kept["headers"]),
                     keep=None if kept["keep"] is None else float(kept["keep"]),
+                    batch=_text_or_none(kept["batch"]),
                 ),
+                _text_or_none(kept["counts"]),
             )
         )
     return rows

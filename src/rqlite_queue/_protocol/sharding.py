@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 from ..errors import InvalidArgument, ShardDown
 from ..types import (
+    BatchStatus,
     DeadLetter,
     GroupInfo,
     Lease,
@@ -305,6 +306,7 @@ def merge_stats(stats: Iterable[Stats]) -> Stats:
         tenants_on=any(s.tenants_on for s in stats),
         delayed_groups=sum(s.delayed_groups for s in stats),
         oldest_by_priority=dict(sorted(oldest_by_priority.items())),
+        open_batches=sum(s.open_batches for s in stats),
     )
 
 
@@ -330,6 +332,18 @@ def probe_of(results: Mapping[str, Probe], down: Sequence[str]) -> Probe:
 
 def schedules_of(results: Mapping[str, list[Schedule]], down: Sequence[str]) -> list[Schedule]:
     return sorted((s for found in results.values() for s in found), key=lambda s: s.name)
+
+
+def batches_of(limit: int) -> Callable[[Mapping[str, list[BatchStatus]], Sequence[str]], Any]:
+    """Batches in creation order (their ids' hex part, after the shard's name)."""
+
+    def merge(results: Mapping[str, list[BatchStatus]], down: Sequence[str]) -> list[BatchStatus]:
+        pages = [
+            [dataclasses.replace(b, shard=name) for b in page] for name, page in results.items()
+        ]
+        return merge_sorted(pages, key=lambda b: b.id.rpartition("/")[2], limit=limit)
+
+    return merge
 
 
 def groups_of(limit: int) -> Callable[[Mapping[str, list[GroupInfo]], Sequence[str]], Any]:

@@ -11,18 +11,23 @@ import contextlib
 import functools
 from collections.abc import Callable, Sequence
 
-from .._protocol import shard_tables
+from .._protocol import batches, shard_tables
+from .._protocol.batches import Counts
 from .._protocol.core import QueueCore
 from .._protocol.messages import NewMessage
 from .._protocol.shard_tables import OutboxRow
 from .._protocol.sharding import ShardList, outbox_message
 from .._runtime import Same
 from ..errors import StaleShardList
+from ..types import batch_shard
 from .cluster import Backend
 from .shard_calls import NOT_ANSWERED, ShardCalls
 
 OUTBOX_BATCH = 1000
 """Follow-ups forwarded from one outbox per request."""
+FORWARD_ROUNDS = 3
+"""Outboxes forwarded one after the other at the end of a call: those written, then the
+batches' shards where their counts were applied (callbacks of the batches they finished)."""
 
 Publish = Callable[[Sequence[NewMessage], float], Same[list[int]]]
 """How forwarded follow-ups are published (by deadline): as the queue's publishes are, each
@@ -45,41 +50,72 @@ class Outbox:
 
     def forward_soon(self, deadline: float) -> int:
         """Forward the outboxes a round just wrote to (their failure is left to the next
-        round, or to the periodic sweep of `fire_schedules`); how many were forwarded."""
-        if not self.written:
-            return 0
-        names, self.written = sorted(self.written), set()
-        with contextlib.suppress(*NOT_ANSWERED):
-            return self.forward(deadline, names)
-        return 0
+        round, or to the periodic sweep of `fire_schedules`); how many were forwarded. Counts
+        applied on a batch's shard may finish it there, and its callbacks then wait in that
+        shard's outbox: forwarded too, in the same call."""
+        forwarded = 0
+        for _ in range(FORWARD_ROUNDS):
+            if not self.written:
+                break
+            names, self.written = sorted(self.written), set()
+            with contextlib.suppress(*NOT_ANSWERED):
+                forwarded += self.forward(deadline, names)
+        return forwarded
 
     def forward(self, deadline: float, names: Sequence[str] | None = None) -> int:
         """Forward the follow-ups waiting in the outboxes of these shards (default: all that
         answer) to the shards of their groups, in the order they were written; each with a
         dedup id made from its outbox row (or its own), so a forward repeated after a lost
-        reply publishes nothing twice. Returns how many were forwarded."""
+        reply publishes nothing twice; and the batches' counts to their batches' shards,
+        first. Returns how many rows were forwarded."""
         chosen = self.calls.live() if names is None else names
         results = self.calls.on_many(
             chosen, functools.partial(self._forward_from, deadline), claims=names is None
         )
-        return sum(r for r in results.values() if not isinstance(r, BaseException))
+        return sum(len(r) for r in results.values() if not isinstance(r, BaseException))
 
-    def _forward_from(self, deadline: float, name: str, backend: Backend) -> int:
+    def forward_from(self, name: str, deadline: float) -> dict[int, int | None]:
+        """Forward shard `name`'s outbox now: its rows forwarded, each with the seq its message
+        got (None: a batch's counts)."""
+        return self._forward_from(deadline, name, self.calls.backend(name))
+
+    def _forward_from(self, deadline: float, name: str, backend: Backend) -> dict[int, int | None]:
         rows = backend.run(shard_tables.read_outbox(self.core, OUTBOX_BATCH), deadline)
         if not rows:
-            return 0
+            return {}
+        done: dict[int, int | None] = {}
+        # The counts first, on their batches' shards, in the order they were written: a
+        # message written after counts that could not be applied waits behind them (its
+        # batch must not look done on its own shard before they are).
+        counts: dict[str, list[OutboxRow]] = {}
+        for row in rows:
+            if row.counts is not None:
+                counts.setdefault(batch_shard(row.counts_batch), []).append(row)
+        barrier: int | None = None
+        for home, part in counts.items():
+            try:
+                plan = batches.apply_plan(
+                    self.core, name, [(row.id, Counts.stored(row.counts or "")) for row in part]
+                )
+                self.calls.on(home, plan, deadline)
+            except NOT_ANSWERED:
+                first = part[0].id
+                barrier = first if barrier is None else min(barrier, first)
+                continue
+            done.update((row.id, None) for row in part)
+            self.written.add(home)  # a batch it finished: its callbacks in that outbox
         by_target: dict[str, list[OutboxRow]] = {}
         for row in rows:
-            target = self.shard_list.shard_of(row.message.group_id)
-            by_target.setdefault(target, []).append(row)
-        done: list[int] = []
+            if row.counts is None and (barrier is None or row.id < barrier):
+                target = self.shard_list.shard_of(row.message.group_id)
+                by_target.setdefault(target, []).append(row)
         for part in by_target.values():
             messages = [outbox_message(name, row) for row in part]
             try:
-                self.publish(messages, deadline)
+                seqs = self.publish(messages, deadline)
             except (*NOT_ANSWERED, StaleShardList):
                 continue  # stays in the outbox; its group's later rows wait behind it
-            done += [row.id for row in part]
+            done.update((row.id, seq) for row, seq in zip(part, seqs, strict=True))
         if done:
-            backend.run(shard_tables.forwarded(self.core, done), deadline)
-        return len(done)
+            backend.run(shard_tables.forwarded(self.core, list(done)), deadline)
+        return done

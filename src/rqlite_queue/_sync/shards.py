@@ -15,7 +15,8 @@ import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
-from .._protocol import publish, shard_tables
+from .._protocol import batches, publish, shard_tables
+from .._protocol.batches import BatchWrite
 from .._protocol.core import QueueCore
 from .._protocol.messages import NewMessage
 from .._protocol.plan import Plan, Statement
@@ -33,12 +34,13 @@ from .._protocol.sharding import (
 from .._runtime import LOCAL_PUBLISHES
 from ..errors import (
     BackendError,
+    ForwardPending,
     InvalidArgument,
     PartialRound,
     QueueFull,
     Unavailable,
 )
-from ..types import Lease, NodeView, Round, ShardStatus
+from ..types import Lease, NodeView, Round, ShardStatus, batch_shard
 from .cluster import Backend, Merge
 from .moves import Moves
 from .outbox import Outbox
@@ -73,6 +75,8 @@ class ShardRouter:
         self.core = core
         self.calls = ShardCalls(backends, core, claim_deadline=claim_deadline)
         """The shards, which of them answer, and the calls on them."""
+        for backend in backends.values():
+            backend.known.sharded = True
         self._turn = 0
         self.moves = Moves(self.calls, shard_list, core)
         self.outbox = Outbox(
@@ -112,6 +116,9 @@ class ShardRouter:
         moving group with none on its old shard, which then lets its new shard serve it."""
         name = self.moves.locate(group_id, deadline)
         result = self.calls.on(name, plan, deadline)
+        if "batches_sent" in plan.batch.slots:  # (counts for batches elsewhere: cancels)
+            self.outbox.written.add(name)
+            self.outbox.forward_soon(deadline)
         if (
             plan.empties_group
             and self.shard_list.changing
@@ -136,7 +143,57 @@ class ShardRouter:
     ) -> list[int]:
         """Per target shard, atomically (not across shards); the moving groups that still
         have messages on their old shard held on the new one until those are delivered.
-        `bounded`: False for follow-ups forwarded from an outbox (never bounded)."""
+        `bounded`: False for follow-ups forwarded from an outbox (never bounded; those that
+        join batches were counted there). A message that joins a batch living on another
+        shard than its group's is written on the batch's shard (counted there, in its outbox)
+        and forwarded from there: `ForwardPending` if that could not be done in time."""
+        through = [
+            i
+            for i, m in enumerate(messages)
+            if bounded and m.batch is not None and not self._lives_with(m.group_id, m.batch)
+        ]
+        if not through:
+            return self._publish_here(messages, deadline, bounded=bounded)
+        seqs: list[int | None] = [None] * len(messages)
+        by_home: dict[str, list[int]] = {}
+        for i in through:
+            by_home.setdefault(batch_shard(messages[i].batch or ""), []).append(i)
+        for home, indexes in by_home.items():
+            plan = batches.through_plan(self.core, [messages[i] for i in indexes])
+            rows = self._on_guarded(home, plan, deadline)
+            forwarded: dict[int, int | None] = {}
+            with contextlib.suppress(*NOT_ANSWERED):
+                forwarded = self.outbox.forward_from(home, deadline)
+            for i, row in zip(indexes, rows, strict=True):
+                seqs[i] = forwarded.get(row)
+        # Then the others (a batch done refuses the first part: nothing is written).
+        direct = [i for i in range(len(messages)) if i not in set(through)]
+        if direct:
+            part = self._publish_here([messages[i] for i in direct], deadline)
+            for i, seq in zip(direct, part, strict=True):
+                seqs[i] = seq
+        LOCAL_PUBLISHES.wake([self.core.names.queue])
+        return _all_known(seqs)
+
+    def _lives_with(self, group_id: str, batch_id: str) -> bool:
+        """Whether a group's messages are published on the shard of a batch (it lives there
+        and does not move)."""
+        target, previous = self.shard_list.placement(group_id)
+        return target == previous == batch_shard(batch_id)
+
+    def _on_guarded(self, name: str, plan: Plan[T], deadline: float) -> T:
+        """A plan that publishes on shard `name`, behind the shard list's epoch."""
+        self.calls.check_up(name)
+        try:
+            guarded = shard_tables.guarded(self.core, plan, self.shard_list.epoch)
+            return self.calls.on(name, guarded, deadline)
+        except BackendError as exc:
+            raise self.moves.stale(name, exc) from exc
+
+    def _publish_here(
+        self, messages: Sequence[NewMessage], deadline: float, *, bounded: bool = True
+    ) -> list[int]:
+        """`publish` of messages that go where their group lives."""
         parts = split_by_shard(messages, lambda m: self.shard_list.shard_of(m.group_id))
         for name in parts:
             self.calls.check_up(name)
@@ -150,6 +207,7 @@ class ShardRouter:
                 [messages[i] for i in parts[name]],
                 tenants_on=tenants_on,
                 bind_rows=backend.binds_rows,
+                counted=not bounded,
             )
             try:
                 plan = shard_tables.guarded(self.core, mine, self.shard_list.epoch, held)
@@ -225,6 +283,8 @@ class ShardRouter:
                     remaining -= len(extra.leases)
                     old = rounds.get(name, Round())
                     rounds[name] = Round([*old.leases, *extra.leases], old.lost, old.extended)
+        if self.outbox.written:  # (the claims for more settled expired or cancelled leases)
+            forwarded += self.outbox.forward_soon(deadline)
         if checked.n and not rounds and not self.calls.claimable():
             raise Unavailable(f"queue {self.core.names.queue!r}: no shard answers")
         if self.shard_list.changing:
@@ -306,8 +366,11 @@ class ShardRouter:
             )
         except BackendError as exc:
             raise self.moves.stale(name, exc) from exc
-        if any(s.outboxed for s in routed):
-            self.outbox.written.add(name)
+        batched = any(s.lease.batch for s in settlements) or any(
+            e.batch for e in (*result.expired, *result.cancelled)
+        )
+        if any(s.outboxed for s in routed) or batched:
+            self.outbox.written.add(name)  # (and a batch's counts, or callbacks, it may have)
         return result
 
     def transaction(
@@ -374,12 +437,65 @@ class ShardRouter:
         self.backend(name)  # an unknown name is refused
         return self.calls.on(name, plan, deadline)
 
+    def batch_shard(self, parent: str | None) -> str:
+        """A nested batch lives on its parent's shard (its completion counts there, in its
+        own transaction); another, on a shard that takes new groups, chosen by chance."""
+        if parent is not None:
+            name = batch_shard(parent)
+            self.backend(name)  # an unknown name is refused
+            return name
+        return self.shard_list.shard_of(self.core.token())
+
+    def write_batch(self, write: BatchWrite, deadline: float) -> list[int | None]:
+        """On the batch's shard: the messages of its groups published there, the others
+        written to its outbox (counted there) and forwarded at once."""
+        home = batch_shard(write.parts[0].spec.id)
+        plan = batches.write_plan(
+            self.core, write, here=lambda group_id: self._lives_in(group_id, home)
+        )
+        written = self._on_guarded(home, plan, deadline)
+        seqs = list(written.seqs)
+        # Its messages of other shards' groups, and the callbacks of a batch it finished (one
+        # left empty, say), wait in its outbox.
+        if written.outboxed or any(part.close for part in write.parts):
+            forwarded: dict[int, int | None] = {}
+            with contextlib.suppress(*NOT_ANSWERED):
+                forwarded = self.outbox.forward_from(home, deadline)
+            rows = iter(written.outboxed)
+            for i, seq in enumerate(seqs):
+                if seq is None:
+                    row = next(rows, None)
+                    seqs[i] = None if row is None else forwarded.get(row)
+        LOCAL_PUBLISHES.wake([self.core.names.queue])
+        return seqs if None not in seqs else list(_all_known(seqs))
+
+    def _lives_in(self, group_id: str, name: str) -> bool:
+        target, previous = self.shard_list.placement(group_id)
+        return target == previous == name
+
+    def on_batch(self, batch_id: str, plan: Plan[T], deadline: float) -> T:
+        """On the shard the batch's id names."""
+        return self.calls.on(batch_shard(batch_id), plan, deadline)
+
     def nodes(self) -> list[NodeView]:
         """Each shard's nodes, named `shard/node`."""
         return self.calls.nodes()
 
     def close(self) -> None:
         self.calls.close()
+
+
+def _all_known(seqs: Sequence[int | None]) -> list[int]:
+    """The seqs, all known; else `ForwardPending` with those known."""
+    if any(seq is None for seq in seqs):
+        on_way = sum(seq is None for seq in seqs)
+        raise ForwardPending(
+            f"{on_way} message(s) of batches are written (counted in their batch, in its "
+            f"shard's outbox) but not yet on their group's shard, which did not answer in time: "
+            f"they will be forwarded when it does; do not publish them again",
+            seqs,
+        )
+    return [seq for seq in seqs if seq is not None]
 
 
 def _all_full(failed: Sequence[tuple[str, BaseException]]) -> bool:

@@ -16,13 +16,26 @@ from collections.abc import Sequence
 import click
 
 from ..errors import QueueError, Unavailable
-from . import admin, backup, dashboard, jobs, local, messages, schedules, shards, tenants, work
+from . import (
+    admin,
+    backup,
+    batches,
+    dashboard,
+    jobs,
+    local,
+    messages,
+    schedules,
+    shards,
+    tenants,
+    work,
+)
 from ._base import _error, _state, cli
 
 __all__ = ["cli", "main"]
 _COMMAND_MODULES = (
     messages,
     jobs,
+    batches,
     work,
     admin,
     tenants,

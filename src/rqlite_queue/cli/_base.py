@@ -150,6 +150,21 @@ def _stats_dict(stats: Stats) -> dict[str, Any]:
     return data
 
 
+def optional_seconds(
+    name: str, given_alone: float, text: str
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """An option that takes SECONDS, or none (then `given_alone`), or is left out (None)."""
+    return click.option(
+        name,
+        type=click.FloatRange(min=0),
+        is_flag=False,
+        flag_value=given_alone,
+        default=None,
+        metavar="[SECONDS]",
+        help=text,
+    )
+
+
 def _error(message: str) -> None:
     """One `error: ...` line on stderr (with --verbose, any further lines of the message)."""
     lines = [line for line in message.strip().splitlines() if line.strip()] or ["(no message)"]

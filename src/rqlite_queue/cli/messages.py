@@ -97,6 +97,12 @@ def _read_lines(stream: Any, default_priority: int) -> list[tuple[int, dict[str,
     "('rqlite-queue job GROUP SEQ' shows it).",
 )
 @click.option(
+    "--batch",
+    "batch_id",
+    metavar="ID",
+    help="Join this batch (not done yet): counted in it (docs/batches.md).",
+)
+@click.option(
     "--batch-size",
     type=click.IntRange(min=1),
     default=PUBLISH_BATCH,
@@ -116,6 +122,7 @@ def publish(
     debounce: str | None,
     max_wait: float | None,
     keep: float | None,
+    batch_id: str | None,
     batch_size: int,
 ) -> int:
     """Publish EVENT_JSON into GROUP, or JSON lines from stdin.
@@ -124,16 +131,17 @@ def publish(
     (or GROUP '-'), reads one JSON object per line from stdin,
     {"group_id": ..., "event": ..., "priority": ..., "dedup_id": ..., "delay": ...,
     "not_before": ..., "ttl": ..., "tenant": ..., "debounce": ..., "max_wait": ...,
-    "keep": ...} (all but group_id and event optional),
+    "keep": ..., "batch": ...} (all but group_id and event optional),
     checks every line, then publishes them in batches with a progress bar on stderr. A bad
     line publishes nothing."""
     if group is None or group == "-":
         if event_json is not None:
             raise click.UsageError("EVENT_JSON cannot be given with stdin input ('-')")
-        if any(v is not None for v in (dedup_id, delay, ttl, tenant, debounce, max_wait, keep)):
+        given = (dedup_id, delay, ttl, tenant, debounce, max_wait, keep, batch_id)
+        if any(v is not None for v in given):
             raise click.UsageError(
-                "--dedup-id, --delay, --ttl, --tenant, --debounce, --max-wait and --keep apply "
-                "to one message; put them in the lines"
+                "--dedup-id, --delay, --ttl, --tenant, --debounce, --max-wait, --keep and --batch "
+                "apply to one message; put them in the lines"
             )
         if sys.stdin.isatty():
             raise click.UsageError("give GROUP and EVENT_JSON, or pipe JSON lines to stdin")
@@ -154,6 +162,7 @@ def publish(
             debounce=debounce,
             max_wait=max_wait,
             keep=keep,
+            batch=batch_id,
         )
     click.echo(seq)
     return 0

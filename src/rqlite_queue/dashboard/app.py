@@ -32,7 +32,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from .. import AsyncTransport, group_states
 from ..errors import InvalidArgument, LeaseLost, QueueError, Unavailable
 from ..timefmt import duration, utc
-from ..types import GROUP_STATES, MAX_BATCH, MAX_PRIORITY, TenantInfo
+from ..types import BATCH_STATES, GROUP_STATES, MAX_BATCH, MAX_PRIORITY, TenantInfo
 from .history import History, chart, covered
 from .security import Access, Csrf, Hosts, Throttle, origin_of, origins, same_site_path
 
@@ -145,6 +145,10 @@ class _Dashboard:
                 Route("/fragments/group", self.group_fragment),
                 Route("/message", self.message),
                 Route("/fragments/message", self.message_fragment),
+                Route("/batches", self.batches),
+                Route("/fragments/batches", self.batches_fragment),
+                Route("/batch", self.batch),
+                Route("/fragments/batch", self.batch_fragment),
                 Route("/dead", self.dead),
                 Route("/fragments/dead", self.dead_fragment),
                 Route("/tenants", self.tenants),
@@ -394,6 +398,38 @@ class _Dashboard:
 
     async def message_fragment(self, request: Request) -> Response:
         return self._page(request, "_message.html", **await self._message(request))
+
+    # ------------------------------------------------------------------ batches
+
+    async def _batches(self, request: Request) -> dict[str, Any]:
+        params = request.query_params
+        state = params.get("state") or None
+        after = params.get("after") or None
+        found = await self.q.batches(state=state, limit=PAGE, after=after)
+        return {
+            "batches": found,
+            "states": BATCH_STATES,
+            "state": state or "",
+            "next_after": found[-1].id if len(found) == PAGE else None,
+            "query": request.url.query,
+        }
+
+    async def batches(self, request: Request) -> Response:
+        return self._page(request, "batches.html", **await self._batches(request))
+
+    async def batches_fragment(self, request: Request) -> Response:
+        return self._page(request, "_batches.html", **await self._batches(request))
+
+    async def _batch(self, request: Request) -> dict[str, Any]:
+        batch_id = request.query_params.get("id", "").strip()
+        found = await self.q.batch_status(batch_id) if batch_id else None
+        return {"batch_id": batch_id, "batch": found, "query": request.url.query}
+
+    async def batch(self, request: Request) -> Response:
+        return self._page(request, "batch.html", **await self._batch(request))
+
+    async def batch_fragment(self, request: Request) -> Response:
+        return self._page(request, "_batch.html", **await self._batch(request))
 
     # ------------------------------------------------------------------ dead letters
 
