@@ -171,11 +171,31 @@ def run_scenario(
                 assert finished[result.id][2] == "SUCCESSFUL", result.id
             assert any(s[0] == "started" and s[1] == result.id for s in signals)
 
-        with pytest.raises(NotImplementedError):
-            tasks.step.get_result(flaky.id)
+        # Every run's result, read back from the queue by its id (the 3-node run: after a
+        # leader kill; both: after a worker's SIGKILL, whose tasks ran again elsewhere).
+        pids = {str(p.pid) for p in processes.started}
+        for result in every:
+            got = result.task.get_result(result.id)
+            expected = "FAILED" if result is fatal else "SUCCESSFUL"
+            assert (got.status, got.id, got.args) == (expected, result.id, result.args)
+            assert got.enqueued_at == result.enqueued_at
+            assert got.enqueued_at <= got.started_at <= got.finished_at
+            assert got.attempts >= 1 and {w.rsplit("-", 1)[1] for w in got.worker_ids} <= pids
+        assert [r.task.get_result(r.id).return_value for r in results[:2]] == [
+            [KEYS[0], 0],
+            [KEYS[1], 0],
+        ]
+        flaky_result = tasks.flaky.get_result(flaky.id)
+        assert flaky_result.return_value == 2 and flaky_result.attempts == 2
+        assert [e.exception_class_path for e in flaky_result.errors] == ["builtins.RuntimeError"]
+        fatal_result = tasks.fatal.get_result(fatal.id)
+        assert [e.exception_class_path for e in fatal_result.errors] == ["steps.tasks.Fatal"]
+        assert fatal_result.errors[0].exception_class is tasks.Fatal
 
     # A graceful stop: SIGTERM, running tasks finish, exit 0 (once it has started: its line
     # comes once its handlers are set; a SIGTERM during Django's imports is the default's).
+    from rqlite_queue.django.results import result_id
+
     wait_for(
         lambda: re.search(rf"\(worker \S+-{second}, ", log.read_text()) is not None,
         60,
@@ -188,7 +208,7 @@ def run_scenario(
     try:
         wait_for(lambda: queue.stats().depth == 0, 20, "messages left")
         letters = queue.dead_letters()
-        assert [d.event["id"] for d in letters] == [fatal.id]
+        assert [result_id("default", d.group_id, d.seq) for d in letters] == [fatal.id]
         assert "Fatal" in letters[0].reason
     finally:
         queue.close()
@@ -214,6 +234,205 @@ def test_django_tasks_on_a_3_node_cluster_with_a_leader_kill(
         cluster.leader().kill()
 
     run_scenario(django_setup, cluster.url, tmp_path, processes, during=kill_the_leader)
+
+
+def test_get_result_reads_each_run_back_as_djangos_backends_report_it(
+    django_setup: Any, tmp_path: Path, processes: Processes
+) -> None:
+    """`get_result` / `aget_result` and `TaskResult.refresh()` in the enqueueing process, the
+    tasks run by a real worker: READY results equal to what `enqueue` returned (Django's own
+    test of its backends), RUNNING with its worker and start, then SUCCESSFUL with the return
+    value, or FAILED with each attempt's error (class path, traceback) and worker; times in
+    order; TaskResultDoesNotExist for ids it never gave, TaskResultMismatch for another
+    task's."""
+    import asyncio
+
+    from django.test.utils import override_settings
+
+    from rqlite_queue.django.results import result_id
+
+    compat = django_setup
+    from steps import tasks
+
+    url = f"sqlite:///{tmp_path}/tasks.db"
+    prefix = f"r{uuid.uuid4().hex[:6]}_"
+    env = {
+        **os.environ,
+        "TEST_TASKS_URL": url,
+        "TEST_QUEUE_PREFIX": prefix,
+        "TEST_EVENTS": str(tmp_path / "events.log"),
+        "PYTHONPATH": os.pathsep.join([str(PROJECT), os.environ.get("PYTHONPATH", "")]),
+    }
+    release = tmp_path / "release"
+    with override_settings(TASKS=tasks_setting(url, prefix)):
+        backend = compat.task_backends["default"]
+        assert backend.supports_get_result
+        later = datetime.now().astimezone() + timedelta(seconds=0.5)
+        enqueued = {
+            "ok": tasks.step.using(group="order-1", priority=30).enqueue("ok", 1),
+            "later": tasks.step.using(run_after=later, queue_name="urgent").enqueue("later", 2),
+            "flaky": tasks.flaky.enqueue("flaky"),
+            "doomed": tasks.doomed.enqueue("doomed"),
+            "fatal": tasks.fatal.enqueue("fatal"),
+            "async": tasks.asleep.enqueue("async"),
+            "held": tasks.hold.enqueue(str(release)),
+        }
+        for name, result in enqueued.items():
+            assert result.task.get_result(result.id) == result, name
+            assert asyncio.run(result.task.aget_result(result.id)) == result, name
+            assert backend.get_result(result.id).status == compat.TaskResultStatus.READY
+        assert backend.get_result(enqueued["later"].id).task.run_after == later
+        assert backend.get_result(enqueued["ok"].id).task.group == "order-1"
+
+        for unknown in ("123", "", "a.b.c", enqueued["ok"].id + "0", enqueued["ok"].id[1:]):
+            with pytest.raises(compat.TaskResultDoesNotExist):
+                backend.get_result(unknown)
+            with pytest.raises(compat.TaskResultDoesNotExist):
+                asyncio.run(backend.aget_result(unknown))
+        elsewhere = result_id("not-a-queue-of-it", "g", 1)
+        with pytest.raises(compat.TaskResultDoesNotExist):
+            backend.get_result(elsewhere)
+        with pytest.raises(compat.TaskResultMismatch, match="Task does not match"):
+            tasks.step.get_result(enqueued["flaky"].id)
+
+        log = tmp_path / "worker.log"
+        argv = [*worker_argv(), "--worker-id", "w-one"]
+        processes.start(argv, cwd=PROJECT, env=env, log=log)
+        held = enqueued["held"]
+        wait_for(
+            lambda: backend.get_result(held.id).status == compat.TaskResultStatus.RUNNING,
+            60,
+            "the held task never ran: " + (log.read_text()[-3000:] if log.exists() else ""),
+        )
+        running = backend.get_result(held.id)
+        assert running.worker_ids == ["w-one"] and running.finished_at is None
+        assert running.started_at == running.last_attempted_at >= running.enqueued_at
+        with pytest.raises(ValueError, match="not finished"):
+            running.return_value  # noqa: B018 (the property raises)
+        release.touch()
+        held.refresh()
+        wait_for(lambda: held.refresh() or held.is_finished, 30, "the held task never ended")
+        assert (held.status, held.return_value) == (compat.TaskResultStatus.SUCCESSFUL, "released")
+
+        def finished() -> bool:
+            return all(backend.get_result(r.id).is_finished for r in enqueued.values())
+
+        wait_for(finished, 60, "not every task finished: " + log.read_text()[-3000:])
+        ok = tasks.step.get_result(enqueued["ok"].id)
+        assert (ok.status, ok.return_value, ok.worker_ids, ok.errors) == (
+            compat.TaskResultStatus.SUCCESSFUL,
+            ["ok", 1],
+            ["w-one"],
+            [],
+        )
+        assert ok.enqueued_at <= ok.started_at <= ok.finished_at
+        assert ok.task.priority == 30 and ok.task.group == "order-1"
+        later_run = tasks.step.get_result(enqueued["later"].id)
+        assert later_run.started_at >= later and later_run.task.queue_name == "urgent"
+        assert asyncio.run(tasks.asleep.aget_result(enqueued["async"].id)).return_value == "async"
+
+        flaky = enqueued["flaky"]
+        asyncio.run(flaky.arefresh())
+        assert (flaky.status, flaky.return_value, flaky.attempts) == (
+            compat.TaskResultStatus.SUCCESSFUL,
+            2,
+            2,
+        )
+        assert flaky.worker_ids == ["w-one", "w-one"]
+        assert [e.exception_class for e in flaky.errors] == [RuntimeError]
+        assert "RuntimeError: flaky: first attempt fails" in flaky.errors[0].traceback
+
+        doomed = tasks.doomed.get_result(enqueued["doomed"].id)
+        assert doomed.status == compat.TaskResultStatus.FAILED and doomed.attempts == 3
+        assert [e.exception_class_path for e in doomed.errors] == ["builtins.ValueError"] * 3
+        assert doomed.errors[-1].traceback.startswith("Traceback (most recent call last):")
+        assert doomed.errors[-1].traceback.rstrip().endswith("ValueError: doomed: never works")
+        with pytest.raises(ValueError, match="Task failed"):
+            doomed.return_value  # noqa: B018 (the property raises)
+        assert doomed.finished_at >= doomed.started_at
+
+        fatal = tasks.fatal.get_result(enqueued["fatal"].id)
+        assert (fatal.status, fatal.attempts) == (compat.TaskResultStatus.FAILED, 1)
+        assert fatal.errors[0].exception_class is tasks.Fatal
+        backend.close()
+
+
+def test_results_on_a_sharded_queue(django_setup: Any, tmp_path: Path) -> None:
+    """On shards (two embedded files here) a result is read where its group lives: the
+    worker command (in this process) runs every task, each result reads back SUCCESSFUL."""
+    from django.core.management import call_command
+    from django.test.utils import override_settings
+
+    compat = django_setup
+    from steps import tasks
+
+    url = f"a=sqlite:///{tmp_path}/a.db;b=sqlite:///{tmp_path}/b.db"
+    with override_settings(TASKS=tasks_setting(url, "s_")):
+        backend = compat.task_backends["default"]
+        enqueued = [tasks.step.using(group=f"k{i}").enqueue(f"k{i}", i) for i in range(8)]
+        enqueued += [tasks.step.enqueue("free", 9)]
+        call_command("rqlite_queue_worker", "--until-empty", "--worker-id", "w-s")
+        for result in enqueued:
+            result.refresh()
+            assert (result.status, result.worker_ids) == ("SUCCESSFUL", ["w-s"])
+            assert result.return_value == result.args[:2]
+        on_each = [backend.queue("default").shard(n).stats().depth for n in ("a", "b")]
+        assert on_each == [0, 0]
+        backend.close()
+
+
+def test_a_cancelled_task_is_failed_with_the_cancel_as_its_error(
+    django_setup: Any, tmp_path: Path
+) -> None:
+    """Django has no status for a cancel (`rqlite-queue job GROUP SEQ --cancel`): FAILED, its
+    error the queue's JobCancelled with the reason, as a failure to run is reported."""
+    from django.test.utils import override_settings
+
+    from rqlite_queue.django.results import message_of
+    from rqlite_queue.worker import JobCancelled
+
+    compat = django_setup
+    from steps import tasks
+
+    with override_settings(TASKS=tasks_setting(f"sqlite:///{tmp_path}/c.db", "c_")):
+        backend = compat.task_backends["default"]
+        result = tasks.step.enqueue("x", 0)
+        found = message_of(result.id)
+        assert found is not None
+        queue_name, group, seq = found
+        assert backend.queue(queue_name).cancel(group, seq, "no longer needed") == "cancelled"
+        result.refresh()
+        assert result.status == compat.TaskResultStatus.FAILED and result.is_finished
+        assert [e.exception_class for e in result.errors] == [JobCancelled]
+        assert "no longer needed" in result.errors[0].traceback
+        with pytest.raises(ValueError, match="Task failed"):
+            result.return_value  # noqa: B018 (the property raises)
+        backend.close()
+
+
+def test_without_keep_results_are_not_offered(django_setup: Any, tmp_path: Path) -> None:
+    """OPTIONS["keep"] = None: outcomes are not kept, and the backend says so as Django's own
+    backends without results do (supports_get_result False, NotImplementedError)."""
+    from django.test.utils import override_settings
+
+    compat = django_setup
+    from steps import tasks
+
+    with override_settings(TASKS=tasks_setting(f"sqlite:///{tmp_path}/t.db", "n_", keep=None)):
+        backend = compat.task_backends["default"]
+        assert not backend.supports_get_result
+        result = tasks.step.enqueue("x", 0)
+        with pytest.raises(NotImplementedError):
+            tasks.step.get_result(result.id)
+        backend.close()
+    for wrong in (0, -1, "1d", True):
+        from django.core.exceptions import ImproperlyConfigured
+
+        with (
+            override_settings(TASKS=tasks_setting(f"sqlite:///{tmp_path}/t.db", "n_", keep=wrong)),
+            pytest.raises(ImproperlyConfigured, match="keep"),
+        ):
+            compat.task_backends["default"]
 
 
 def test_a_worker_stopped_while_it_connects_leaves_at_once(
@@ -265,5 +484,9 @@ def test_validate_task_refuses_what_the_backend_cannot_run(
             tasks.step.using(priority=101)
         with pytest.raises(compat.InvalidTask, match="group"):
             tasks.step.using(group="")
-        assert re.fullmatch(r"[0-9a-f]{32}", tasks.step.enqueue("x", 0).id)
+        assert backend.supports_get_result
+        # URL-safe: the queue and the group base64url-encoded, then the seq
+        assert re.fullmatch(
+            r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[0-9]+", tasks.step.enqueue("x", 0).id
+        )
         backend.close()

@@ -17,6 +17,7 @@ pytest.importorskip("django")
 
 PAGE = (Path(__file__).resolve().parents[2] / "docs" / "howto" / "django.md").read_text()
 BLOCKS = re.findall(r"```python\n(.*?)```", PAGE, re.DOTALL)
+OUTPUTS = [text.strip() for text in re.findall(r"```text\n(.*?)```", PAGE, re.DOTALL)]
 MANAGE = """import os, sys
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
 from django.core.management import execute_from_command_line
@@ -45,6 +46,14 @@ def test_the_pages_settings_tasks_and_worker_run(tmp_path: Path) -> None:
         [sys.executable, "-c", enqueue], cwd=tmp_path, env=env, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
+    # The results section: its enqueue prints what the page says; its id is kept for later.
+    refund = "import django\ndjango.setup()\n" + BLOCKS[3] + "print(result.id)\n"
+    done = subprocess.run(
+        [sys.executable, "-c", refund], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    printed, result_id = done.stdout.splitlines()
+    assert printed == OUTPUTS[0]
     command = "python manage.py rqlite_queue_worker"
     assert command in PAGE
     worker = subprocess.run(
@@ -56,7 +65,14 @@ def test_the_pages_settings_tasks_and_worker_run(tmp_path: Path) -> None:
         timeout=120,
     )
     assert worker.returncode == 0, worker.stdout + worker.stderr
-    printed = [line for line in worker.stdout.splitlines() if line.startswith("order")]
+    # (two tasks' prints may share a line: print writes its text and its end apart)
+    printed = re.findall(r"order \d+: (?:reserve|charge|ship|receipt|refund)", worker.stdout)
     steps = [line for line in printed if line.startswith("order 42")]
     assert steps == ["order 42: reserve", "order 42: charge", "order 42: ship"], worker.stdout
     assert "order 7: receipt" in printed
+    later = f"import django\ndjango.setup()\nresult_id = {result_id!r}\n" + BLOCKS[4]
+    done = subprocess.run(
+        [sys.executable, "-c", later], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == OUTPUTS[1]

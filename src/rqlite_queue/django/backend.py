@@ -13,12 +13,15 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 
 from .. import Transport
+from ..errors import InvalidArgument
 from ..naming import queue_name_for
-from . import compat
+from . import compat, results
 
 DEFAULT_URL = "sqlite:///django-tasks.db"
 """Without `OPTIONS["url"]`: the embedded queue on a file beside the project (BASE_DIR when
@@ -36,6 +39,7 @@ BACKEND_OPTIONS: dict[str, Any] = {
     "non_retryable": [],
     "grace": 30.0,
     "schedules": {},
+    "keep": 86400.0,
 }
 """The OPTIONS the backend and its worker read, with their defaults
 (docs/reference/configuration.md)."""
@@ -65,11 +69,13 @@ class RqliteQueueBackend(compat.BaseTaskBackend):
     """Tasks as messages of the queue: deferred (`run_after` -> a delayed message), with
     priorities (mapped onto 0-4, `queue_priority`), in order per `Task.group`; run by
     `manage.py rqlite_queue_worker` (the queue's Worker: leases, heartbeats, retries with
-    backoff, dead letters).
+    backoff, dead letters); their results read back by id (`get_result`: the outcome the
+    queue keeps with each message).
 
     OPTIONS: `url` (any URL `from_url` takes; default the embedded file `django-tasks.db`
     beside the project), `queue_prefix` (put before each queue's name), `queue_options`
-    (given to `from_url`), and the worker's: `concurrency`, `max_attempts`, `visibility`,
+    (given to `from_url`), `keep` (seconds a finished task's result is kept; None: not
+    kept, no `get_result`), and the worker's: `concurrency`, `max_attempts`, `visibility`,
     `backoff` (`{"base": 1, "cap": 300, "jitter": 0.5}`), `non_retryable` (exception classes'
     paths), `grace`, `schedules` (periodic tasks)."""
 
@@ -77,13 +83,16 @@ class RqliteQueueBackend(compat.BaseTaskBackend):
     supports_defer = True
     supports_async_task = True
     supports_priority = True
-    supports_get_result = False
+    supports_get_result = True
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
         self.url = str(self.options.get("url") or self._default_url())
         self.queue_prefix = str(self.options.get("queue_prefix") or "")
         self.queue_options = dict(self.options.get("queue_options") or {})
+        self.keep = _keep(self.options.get("keep", BACKEND_OPTIONS["keep"]))
+        if self.keep is None:  # (an instance's flag: Django reads it from the backend)
+            self.supports_get_result = False
         self._queues: dict[str, Transport] = {}
         self._pid = os.getpid()
         self._lock = threading.Lock()
@@ -122,45 +131,85 @@ class RqliteQueueBackend(compat.BaseTaskBackend):
 
     def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
         self.validate_task(task)
+        args, kwargs = compat.normalize_json(list(args)), compat.normalize_json(dict(kwargs))
+        run = uuid.uuid4().hex
+        group = getattr(task, "group", None) or f"task-{run}"
+        enqueued_at = timezone.now()
+        seq = self.queue(task.queue_name).publish(
+            group,
+            task_event(task, args, kwargs, self.alias, enqueued_at),
+            queue_priority(task.priority),
+            not_before=_epoch(task.run_after),
+            dedup_id=run,  # a publish whose reply was lost is sent again safely
+            keep=self.keep,
+        )
         result = compat.TaskResult(
             task=task,
-            id=uuid.uuid4().hex,
+            id=results.result_id(task.queue_name, group, seq),
             status=compat.TaskResultStatus.READY,
-            enqueued_at=timezone.now(),
+            enqueued_at=enqueued_at,
             started_at=None,
             finished_at=None,
             last_attempted_at=None,
-            args=list(args),
-            kwargs=dict(kwargs),
+            args=args,
+            kwargs=kwargs,
             backend=self.alias,
             errors=[],
             worker_ids=[],
         )
-        group = getattr(task, "group", None)
-        self.queue(task.queue_name).publish(
-            group or f"task-{result.id}",
-            task_event(task, result),
-            queue_priority(task.priority),
-            not_before=_epoch(task.run_after),
-            dedup_id=result.id,  # a publish whose reply was lost is sent again safely
-        )
         compat.task_enqueued.send(type(self), task_result=result)
         return result
 
+    def get_result(self, result_id: str) -> Any:
+        """The task run `result_id` as the queue knows it: READY (queued, or waiting for a
+        retry), RUNNING, SUCCESSFUL (its return value) or FAILED (its errors); kept for
+        OPTIONS["keep"] seconds once finished. TaskResultDoesNotExist for an id this backend
+        never gave, or whose result was pruned."""
+        if self.keep is None:
+            return super().get_result(result_id)  # (NotImplementedError, as Django's own)
+        found = results.message_of(result_id)
+        if found is None or (self.queues and found[0] not in self.queues):
+            raise compat.TaskResultDoesNotExist(result_id)
+        queue_name, group, seq = found
+        try:
+            job = self.queue(queue_name).result(group, seq)
+        except InvalidArgument:  # (a group name the queue would never have taken)
+            job = None
+        if job is None or not results.is_task_message(job.event):
+            raise compat.TaskResultDoesNotExist(result_id)
+        return results.task_result(job, result_id, self.alias)
 
-def task_event(task: Any, result: Any) -> dict[str, Any]:
-    """The message of a task run: what the worker needs to run it and to report it."""
-    enqueued = result.enqueued_at
+    async def aget_result(self, result_id: str) -> Any:
+        """`get_result` in a thread of its own (the queue's client is thread-safe): the event
+        loop goes on meanwhile."""
+        return await sync_to_async(self.get_result, thread_sensitive=False)(result_id)
+
+
+def _keep(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ImproperlyConfigured(
+            f"TASKS OPTIONS['keep'] must be a number of seconds > 0, or None: {value!r}"
+        )
+    return float(value)
+
+
+def task_event(
+    task: Any, args: list[Any], kwargs: dict[str, Any], alias: str, enqueued_at: datetime
+) -> dict[str, Any]:
+    """The message of a task run: what the worker needs to run it, and `get_result` to
+    report it as it was enqueued."""
     return {
-        "id": result.id,
         "task": task.module_path,
-        "args": result.args,
-        "kwargs": result.kwargs,
+        "args": args,
+        "kwargs": kwargs,
         "queue": task.queue_name,
         "priority": task.priority,
         "group": getattr(task, "group", None),
-        "backend": result.backend,
-        "enqueued_at": None if enqueued is None else enqueued.timestamp(),
+        "run_after": None if task.run_after is None else task.run_after.timestamp(),
+        "backend": alias,
+        "enqueued_at": enqueued_at.timestamp(),
     }
 
 

@@ -16,7 +16,7 @@ if find_spec("django.tasks") is not None:
         TaskResult,
         TaskResultStatus,
     )
-    from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
+    from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist, TaskResultMismatch
     from django.tasks.signals import task_enqueued, task_finished, task_started
     from django.utils.json import normalize_json
 
@@ -33,7 +33,7 @@ else:  # pragma: no cover (the backport's names, on Django 5.2)
         TaskResultStatus,
     )
     from django_tasks.exceptions import InvalidTaskError as InvalidTask
-    from django_tasks.exceptions import TaskResultDoesNotExist
+    from django_tasks.exceptions import TaskResultDoesNotExist, TaskResultMismatch
     from django_tasks.signals import task_enqueued, task_finished, task_started
     from django_tasks.utils import normalize_json
 
@@ -49,6 +49,7 @@ __all__ = [
     "TaskError",
     "TaskResult",
     "TaskResultDoesNotExist",
+    "TaskResultMismatch",
     "TaskResultStatus",
     "normalize_json",
     "task",

@@ -10,15 +10,11 @@ from typing import Any
 
 from django.db import close_old_connections
 from django.utils import timezone
-from django.utils.module_loading import import_string
 
 from ..types import Lease
-from . import compat
+from . import compat, results
 
 log = logging.getLogger("rqlite_queue.django")
-
-UNKNOWN_WORKER = "unknown"
-"""In `TaskResult.worker_ids`, an earlier attempt whose worker is not recorded."""
 
 
 class TaskRunner:
@@ -51,15 +47,12 @@ class TaskRunner:
 
     def _run(self, lease: Lease) -> Any:
         event = lease.event
-        task = import_string(event["task"])
-        if not isinstance(task, compat.Task):
-            raise TypeError(f"{event['task']} is not a task")
-        task = task.using(queue_name=event.get("queue"), priority=event.get("priority"))
+        task = results.task_of(event)
         now = timezone.now()
         enqueued = event.get("enqueued_at")
         result = compat.TaskResult(
             task=task,
-            id=event.get("id") or f"{lease.group_id}-{lease.seq}",
+            id=results.result_id(event["queue"], lease.group_id, lease.seq),
             status=compat.TaskResultStatus.RUNNING,
             enqueued_at=None if enqueued is None else datetime.fromtimestamp(enqueued, UTC),
             started_at=now,
@@ -69,7 +62,7 @@ class TaskRunner:
             kwargs=event.get("kwargs") or {},
             backend=event.get("backend") or self.backend.alias,
             errors=[],
-            worker_ids=[UNKNOWN_WORKER] * (lease.attempts - 1) + [self.worker_id],
+            worker_ids=[results.UNKNOWN_WORKER] * (lease.attempts - 1) + [self.worker_id],
         )
         sender = type(self.backend)
         compat.task_started.send(sender=sender, task_result=result)

@@ -27,13 +27,13 @@ def install_schedules(backend: Any) -> list[str]:
         if not isinstance(task, compat.Task):
             raise compat.InvalidTask(f"schedule {name!r}: {spec['task']} is not a task")
         event = {
-            "id": None,
             "task": task.module_path,
             "args": compat.normalize_json(list(spec.get("args", []))),
             "kwargs": compat.normalize_json(dict(spec.get("kwargs", {}))),
             "queue": task.queue_name,
             "priority": task.priority,
             "group": schedule_group(name),
+            "run_after": None,
             "backend": backend.alias,
             "enqueued_at": None,
             "schedule": name,
@@ -45,12 +45,18 @@ def install_schedules(backend: Any) -> list[str]:
             s
             for s in queue.schedules()
             if s.name == name
-            and (s.group_id, s.event, s.every, s.cron, s.priority)
-            == (schedule_group(name), event, every, cron, priority)
+            and (s.group_id, s.event, s.every, s.cron, s.priority, s.keep)
+            == (schedule_group(name), event, every, cron, priority, backend.keep)
         ]
         if not same:
             queue.schedule(
-                name, schedule_group(name), event, every=every, cron=cron, priority=priority
+                name,
+                schedule_group(name),
+                event,
+                every=every,
+                cron=cron,
+                priority=priority,
+                keep=backend.keep,
             )
         stored.append(name)
     return stored

@@ -55,3 +55,17 @@ async def asleep(key: str) -> str:
 @task()
 def tick() -> None:
     note("tick", "tick", 0, os.getpid(), f"{time.time():.6f}")
+
+
+@task()
+def doomed(key: str) -> None:
+    """Fails on every attempt (retried until max_attempts)."""
+    raise ValueError(f"{key}: never works")
+
+
+@task()
+def hold(path: str) -> str:
+    """Runs until the file `path` exists."""
+    while not os.path.exists(path):
+        time.sleep(0.02)
+    return "released"
