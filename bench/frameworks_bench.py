@@ -10,11 +10,12 @@
   `--until-empty`), and enqueues/s.
 
     .venv/bin/python bench/frameworks_bench.py [--tasks 2000] [--reps 2] [--keys 64]
+        [--only celery|django] [--out PATH]
 
 Needs the bench extra (redis, django-tasks-db) and the dev extra (celery, django 5.2 with the
 django-tasks backport). Medians [min-max] of `--reps` runs; each drain is timed from the
 first task taken off the backlog to the last one settled (a poller reads the backlog every
-10 ms), not counting the worker's start. Writes bench/results/frameworks.md."""
+10 ms), not counting the worker's start. Writes bench/results/frameworks.md (or --out)."""
 
 from __future__ import annotations
 
@@ -71,6 +72,9 @@ DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3",
 TASKS = {
     "rq": {"BACKEND": "rqlite_queue.django.RqliteQueueBackend",
            "OPTIONS": {"url": "sqlite:///" + os.environ["BENCH_DIR"] + "/tasks.db"}},
+    "rqn": {"BACKEND": "rqlite_queue.django.RqliteQueueBackend",
+            "OPTIONS": {"url": "sqlite:///" + os.environ["BENCH_DIR"] + "/tasks-n.db",
+                        "keep": None}},
     "db": {"BACKEND": "django_tasks_db.DatabaseBackend"},
 }
 """
@@ -81,6 +85,11 @@ from django_tasks import task
 
 @task(backend="rq")
 def noop_rq():
+    return None
+
+
+@task(backend="rqn")
+def noop_rqn():
     return None
 
 
@@ -261,11 +270,14 @@ print({tasks} / (time.perf_counter() - t))
                 ).stdout  # fmt: skip
                 return float(out.strip())
 
-            for backend in ("rq", "db"):
+            for backend in ("rq", "rqn", "db"):
                 enqueues.setdefault(backend, []).append(enqueue(backend))
             commands = {
                 "rqlite_queue_worker, concurrency 1": ["rqlite_queue_worker", "--backend", "rq",
                                                        "--until-empty", "--concurrency", "1"],
+                "rqlite_queue_worker, concurrency 1, no results (keep None)": [
+                    "rqlite_queue_worker", "--backend", "rqn", "--until-empty",
+                    "--concurrency", "1"],
                 "db_worker (django-tasks-db)": ["db_worker", "--backend", "db", "--batch",
                                                 "--interval", "0", "--no-startup-delay",
                                                 "--no-reload", "-v", "0"],
@@ -304,6 +316,7 @@ print({tasks} / (time.perf_counter() - t))
         "| enqueue | enqueues/s |",
         "| --- | ---: |",
         f"| RqliteQueueBackend (embedded file) | {median(enqueues['rq'])} |",
+        f"| RqliteQueueBackend, no results (keep None) | {median(enqueues['rqn'])} |",
         f"| django-tasks-db DatabaseBackend (SQLite) | {median(enqueues['db'])} |",
         "",
         "The workers' times include their start (Django's setup, about a few hundred ms, the "
@@ -318,6 +331,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--keys", type=int, default=64)
     parser.add_argument("--only", choices=["celery", "django"], default=None)
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where the tables go")
     args = parser.parse_args()
     command = "bench/frameworks_bench.py " + " ".join(sys.argv[1:])
     lines = [
@@ -332,7 +346,7 @@ def main() -> None:
         lines += [*celery_section(args.tasks, args.reps, args.keys), ""]
     if args.only in (None, "django"):
         lines += [*django_section(args.tasks // 2, args.reps), ""]
-    RESULTS.write_text("\n".join(lines))
+    args.out.write_text("\n".join(lines))
     print("\n".join(lines))
 
 
