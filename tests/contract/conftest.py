@@ -10,6 +10,7 @@ import inspect
 import itertools
 import json
 import os
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -277,34 +278,43 @@ def drop_queues(url: str, queues: set[str]) -> None:
     makes every later schema change, and rqlite's snapshots, slower and slower."""
     http = urllib3.PoolManager(timeout=30.0)
     for part in url.split(";"):
-        base = part.partition("=")[2] if ";" in url else part
-        base = base.split(",")[0].rstrip("/")
+        nodes = [n.rstrip("/") for n in (part.partition("=")[2] if ";" in url else part).split(",")]
         for queue in queues:
             prefix = f"rq_{queue}_"
-            reply = http.request(
-                "POST",
-                f"{base}/db/query?level=strong",
-                body=json.dumps(
-                    [
-                        [
-                            "SELECT name FROM sqlite_master WHERE type = 'table' AND "
-                            "substr(name, 1, ?) = ?",
-                            len(prefix),
-                            prefix,
-                        ]
-                    ]
-                ),
-                headers={"Content-Type": "application/json"},
-            )
-            rows = json.loads(reply.data)["results"][0].get("values") or []
+            query = [
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND substr(name, 1, ?) = ?",
+                len(prefix),
+                prefix,
+            ]
+            reply = _post(http, nodes, "/db/query?level=strong", [query])
+            rows = reply["results"][0].get("values") or []
             if rows:
-                drops = json.dumps([f'DROP TABLE IF EXISTS "{name}"' for (name,) in rows])
-                http.request(
+                drops = [f'DROP TABLE IF EXISTS "{name}"' for (name,) in rows]
+                _post(http, nodes, "/db/execute?transaction", drops)
+
+
+def _post(http: urllib3.PoolManager, nodes: list[str], path: str, body: object) -> Any:
+    """POST to the first node that answers with JSON: right after a test's faults, or under
+    load, a node may say 'leader not found' (in plain text) while its cluster elects."""
+    deadline = time.monotonic() + 30.0
+    while True:
+        for node in nodes:
+            try:
+                reply = http.request(
                     "POST",
-                    f"{base}/db/execute?transaction",
-                    body=drops,
+                    node + path,
+                    body=json.dumps(body),
                     headers={"Content-Type": "application/json"},
+                    retries=False,
                 )
+                if reply.status == 200:
+                    return json.loads(reply.data)
+                problem = f"{reply.status} {reply.data[:200]!r}"
+            except urllib3.exceptions.HTTPError as error:
+                problem = repr(error)
+        if time.monotonic() > deadline:
+            raise AssertionError(f"could not drop the test's queues: {problem}")
+        time.sleep(0.2)
 
 
 @pytest.fixture

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import uuid
 from collections import Counter, deque
 from collections.abc import Callable
@@ -346,6 +347,8 @@ class BatchMachine(RuleBasedStateMachine):
             assert self.fifo[msg.group][0] is msg, "a claim took a message that is not the head"
             assert not msg.leased
             assert lease.batch == msg.batch, (lease.batch, msg.batch)
+            assert msg.seq in (0, lease.seq), (msg.seq, lease.seq)
+            msg.seq = lease.seq  # (a follow-up's seq is learnt here: its ack does not say it)
             msg.leased = msg.token = True
             self.held[msg.mid] = lease
 
@@ -466,6 +469,8 @@ class BatchMachine(RuleBasedStateMachine):
                 self.q.dead_letter(lease, "gave up")
         elif msg.token:
             return  # (a lapsed lease's: settled as cancelled by whichever claim takes it)
+        elif not msg.seq:
+            return  # (a follow-up no claim has taken yet: the model does not know its seq)
         else:
             assert self.q.cancel(group, msg.seq, "stop") == "cancelled"
         note_event(f"a {'leased' if msg.leased else 'queued'} message cancelled")
@@ -582,3 +587,51 @@ def test_batches_hold_on_rqlite(rqlite_cluster: Cluster) -> None:
         return RqliteTransport(url, clock=clock, queue=queue, max_skew=None)
 
     run(open_transport, examples=10, steps=20)
+
+
+def test_a_follow_ups_seq_is_learnt_from_its_claim(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shrunk example: a message acked with a follow-up into a batch, then a cancel of that
+    follow-up while queued. Its ack does not say the follow-up's seq, so the model had it as 0
+    and cancelled seq 0 (`InvalidArgument`); it now learns the seq from the claim that takes
+    the follow-up, and leaves a follow-up no claim has taken alone."""
+    monkeypatch.setattr(sys.modules[__name__], "note_event", lambda _: None)
+    open_transport = on_sqlite(tmp_path)
+
+    class Machine(BatchMachine):
+        def open(self, clock: FakeClock) -> Transport:
+            return open_transport(clock)
+
+    machine = Machine()
+
+    def checked() -> None:
+        machine.batches_are_as_the_model_says()
+        machine.callbacks_come_once_and_never_early()
+
+    try:
+        machine.start()
+        checked()
+        machine.make_batch(
+            complete=False, fail=False, flush=False, inner_n=0, n=1, nest=0,
+            success=False, where=["g0", "g0", "g0", "g0"], within=0,
+        )  # fmt: skip
+        checked()
+        machine.join(group="g1", pick=0)
+        checked()
+        machine.claim(n=2)
+        checked()
+        machine.ack(children=[], lost=False, pick=0)
+        checked()
+        machine.cancel(group="g0", how="ack", pick=0)
+        checked()
+        machine.ack(children=["g0"], lost=False, pick=0)
+        checked()
+        machine.cancel(group="g0", how="ack", pick=0)
+        checked()
+        machine.claim(n=2)
+        checked()
+        machine.cancel(group="g0", how="ack", pick=0)
+        checked()
+    finally:
+        machine.teardown()
