@@ -205,7 +205,7 @@ def _run(
     rounds: list[tuple[float, float]] = []
     published: list[tuple[str, int]] = []
     unknown: list[int] = []  # the `i` of publishes that raised OutcomeUnknown
-    unknown_at: list[tuple[float, str]] = []  # when each began, and what it said
+    unknown_at: list[tuple[float, float, str]] = []  # when each began and ended, what it said
     stop_publishing = threading.Event()
     done_publishing = threading.Event()
     counter = UnknownRounds()
@@ -242,7 +242,7 @@ def _run(
                     report.producer_outcomes["ok"] += 1
                 except OutcomeUnknown as exc:
                     unknown.append(i)
-                    unknown_at.append((sent, str(exc)))
+                    unknown_at.append((sent, time.monotonic(), str(exc)))
                     report.producer_outcomes["OutcomeUnknown"] += 1
                 except QueueError as exc:  # not applied: nothing to check
                     report.producer_outcomes[type(exc).__name__] += 1
@@ -317,9 +317,10 @@ def _run(
     report.leases_lost = sync_worker.stats.leases_lost + async_state["worker"].stats.leases_lost
     # Each OutcomeUnknown is put down to the last fault that began before its call started (a
     # publish without dedup ids waits its whole timeout on a link that went silent, and fails
-    # after the fault cleared, maybe during the next one).
-    for t, said in unknown_at:
-        fault = _last_before(report.link_faults, t)
+    # after the fault cleared, maybe during the next one); one that began before the first
+    # fault, to the fault that began while it waited.
+    for sent, ended, said in unknown_at:
+        fault = _last_before(report.link_faults, sent) or _last_before(report.link_faults, ended)
         if fault is None:
             report.unknown_before_faults += 1
         else:
