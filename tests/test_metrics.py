@@ -295,6 +295,9 @@ def test_follow_ups_are_counted(
         assert value(text, "rqlite_queue_worker_published_total") == 6
         assert value(text, "rqlite_queue_worker_forwarded_total") == 0
         assert value(text, "rqlite_queue_groups") == 0
+        worker.stop()  # before the transport closes under it (its thread died on that)
+        thread.join(10)
+        assert not thread.is_alive()
 
 
 def test_a_sharded_queue_reports_its_outbox(
