@@ -2,7 +2,7 @@
 says whether the call applied, and so what to do next:
 
 - not applied, fix the input: `InvalidArgument` (`PayloadTooLarge`, `EncodeError`,
-  `InvalidHeaders`, `TenantMismatch`, `BatchDone`);
+  `InvalidHeaders`, `TenantMismatch`, `BatchDone`, `CrossShard`);
 - not applied, retry later: `Unavailable` (`NoLeader`, `ShardDown`, `NothingListens`),
   `QueueFull`;
 - may have applied: `OutcomeUnknown` (retry only what is safe to repeat);
@@ -61,6 +61,12 @@ class BatchDone(InvalidArgument):
     """A publish named a batch that is done (its callbacks were published), or one this
     queue does not know (never made, or forgotten after its `keep`): nothing can join it, and
     nothing was written."""
+
+
+class CrossShard(InvalidArgument):
+    """A sharded queue was asked for one transaction on two shards: `transaction()` publishes
+    to groups of one shard, and into batches that live on that shard (a message and its
+    batch's count are one write). Nothing was sent."""
 
 
 class PayloadTooLarge(InvalidArgument):

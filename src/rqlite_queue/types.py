@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from . import group_states
 
@@ -23,6 +23,32 @@ PublishItem = tuple[str, Any] | tuple[str, Any, int] | Mapping[str, Any]
 """`(group_id, event)`, `(group_id, event, priority)`, or a mapping with those keys (and
 optionally `dedup_id`, `delay`, `not_before`, `ttl`, `tenant`, `debounce`, `max_wait`,
 `headers`, `keep`, `batch`)."""
+
+
+class MessageOptions(TypedDict, total=False):
+    """The keywords every publish of a message takes, beside `group_id`, `event` and
+    `priority` (`publish`, a transaction's `publish`, a batch's `publish`), as `publish`
+    says: one set, so that no publish path drifts from the others."""
+
+    delay: float | None
+    not_before: float | None
+    ttl: float | None
+    tenant: str | None
+    headers: Mapping[str, str] | None
+    keep: float | None
+
+
+class PublishOptions(MessageOptions, total=False):
+    """`MessageOptions`, and those of a publish outside a batch's block (`publish`, a
+    transaction's `publish`; a batch's messages take none of them: each counts once, in its
+    batch). With `group_id`, `event` and `priority`: the keys of a `publish_many` item."""
+
+    dedup_id: str | None
+    debounce: str | None
+    max_wait: float | None
+    batch: str | None
+
+
 MAX_HEADERS = 64
 """Most headers on one message."""
 MAX_HEADERS_BYTES = 8 * 1024

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from rqlite_queue import InvalidArgument, LeaseLost
-from rqlite_queue.errors import BatchDone
+from rqlite_queue import InvalidArgument, LeaseLost, QueueError
+from rqlite_queue.errors import BatchDone, CrossShard
 from rqlite_queue.types import (
     BATCH_HEADER,
     MAX_BATCH_DEPTH,
@@ -20,6 +20,7 @@ from rqlite_queue.types import (
     MAX_BATCH_REASON,
     BatchStatus,
     Lease,
+    batch_shard,
 )
 
 from .conftest import FakeClock, lose
@@ -767,3 +768,78 @@ async def test_a_transports_dedup_key_does_not_fold_a_batchs_messages(make_queue
         batch.publish_many([("a", "same"), ("b", "same")])
     assert (await status(q, batch.id)).total == 2
     assert len(await q.peek("b")) == 1
+
+
+# ------------------------------------------------------------------ transactions
+
+
+def group_on_batch_shard(q: Any, batch_id: str, *, other: bool = False) -> str:
+    """A group whose messages live on the shard of the batch (`other`: on another shard);
+    any group on one cluster."""
+    transport = getattr(q, "sync", q)
+    if not hasattr(transport, "shard_of"):
+        return "tx-group"
+    home = batch_shard(batch_id)
+    return next(f"tx{i}" for i in range(1000) if (transport.shard_of(f"tx{i}") == home) != other)
+
+
+async def test_a_transaction_publish_joins_a_batch_in_its_own_write(q: Any) -> None:
+    async with q.batch(on_complete=DONE) as batch:
+        batch.publish("a", 1)
+    group = group_on_batch_shard(q, batch.id)
+    async with q.transaction() as tx:
+        one = tx.publish(group, 2, batch=batch.id, keep=60)
+        many = tx.publish_many([{"group_id": group, "event": 3, "batch": batch.id}])
+    assert [seq for seq, _ in await q.peek(group)] == [one.seq, *many.seqs]
+    found = await status(q, batch.id)
+    assert (found.total, found.pending) == (3, 3)
+    # A statement that fails takes the message and its count with it.
+    with pytest.raises(QueueError, match="malformed JSON"):
+        async with q.transaction() as tx:
+            tx.publish(group, 4, batch=batch.id)
+            tx.execute("SELECT json('not json')")
+    assert (await status(q, batch.id)).total == 3
+    assert await drain(q) == 3
+    assert await callbacks(q) == [DONE[1]]
+    assert (await q.result(group, one.seq)).status == "succeeded"  # its keep= was taken
+    found = await status(q, batch.id)
+    assert (found.state, found.succeeded) == ("done", 3)
+    with pytest.raises(BatchDone):
+        async with q.transaction() as tx:
+            tx.publish(group, 5, batch=batch.id)
+    assert len(await q.peek(group)) == 0
+    assert (await status(q, batch.id)).total == 3
+
+
+async def test_a_transaction_publish_into_a_batch_takes_no_dedup_id(q: Any) -> None:
+    async with q.batch() as batch:
+        batch.publish("a", 1)
+    async with q.transaction() as tx:
+        with pytest.raises(InvalidArgument, match="dedup"):
+            tx.publish("b", 2, batch=batch.id, dedup_id="d")
+        with pytest.raises(InvalidArgument):
+            tx.publish("b", 2, batch="not an id")
+    assert await q.peek("b") == []
+
+
+async def test_a_sharded_transaction_cannot_join_a_batch_of_another_shard(q: Any) -> None:
+    """Its message and the batch's count would be writes on two shards: refused, with an
+    error that says so (not `BatchDone`: the batch is not done), and nothing is sent."""
+    transport = getattr(q, "sync", q)
+    if not hasattr(transport, "shard_of"):
+        pytest.skip("one cluster: every batch lives with every group")
+    async with q.batch(on_complete=DONE) as batch:
+        batch.publish("a", 1)
+    there = group_on_batch_shard(q, batch.id, other=True)
+    before = await q.stats()
+    with pytest.raises(CrossShard, match=f"lives on shard {batch_shard(batch.id)!r}"):
+        async with q.transaction() as tx:
+            tx.publish_many([{"group_id": there, "event": 2, "batch": batch.id}])
+    with pytest.raises(CrossShard):
+        async with q.transaction() as tx:
+            tx.publish(there, 3, batch=batch.id)
+    assert await q.stats() == before
+    assert (await status(q, batch.id)).total == 1
+    # Outside a transaction the same publish goes through the batch's shard.
+    await q.publish(there, 4, batch=batch.id)
+    assert (await status(q, batch.id)).total == 2

@@ -6,16 +6,16 @@ none. This file is the source; `_sync/transaction.py` is generated from it."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Unpack
 
 from .._protocol import messages
 from .._protocol.core import QueueCore
 from .._protocol.messages import GivenMessage, Message, NewMessage
 from .._protocol.plan import Params, Statement
 from ..errors import InvalidArgument
-from ..types import PublishItem
+from ..types import PublishItem, PublishOptions
 from .router import AsyncRouter
 
 
@@ -60,31 +60,14 @@ class AsyncTransaction:
         self._statements.append(Statement(sql, params))
 
     def publish(
-        self,
-        group_id: str,
-        event: Any,
-        priority: int = 0,
-        *,
-        dedup_id: str | None = None,
-        delay: float | None = None,
-        not_before: float | None = None,
-        ttl: float | None = None,
-        headers: Mapping[str, str] | None = None,
-        keep: float | None = None,
+        self, group_id: str, event: Any, priority: int = 0, **options: Unpack[PublishOptions]
     ) -> Published:
-        """As `queue.publish`, when the transaction commits (checked now)."""
-        message = Message(
-            group_id=group_id,
-            event=event,
-            priority=priority,
-            dedup_id=dedup_id,
-            delay=delay,
-            not_before=not_before,
-            ttl=ttl,
-            headers=headers,
-            keep=keep,
-        )
-        return self._add([message])
+        """As `queue.publish` (its keywords: `PublishOptions`), when the transaction commits
+        (checked now). `batch`: the message joins that batch in this transaction, counted in
+        it as the transaction applies (`BatchDone` if it is done: nothing applies); on a
+        sharded queue the batch must live on the transaction's shard (`CrossShard`
+        otherwise: nothing is sent), since its count and the message are one write."""
+        return self._add([Message(group_id, event, priority, **options)])
 
     def publish_many(self, items: Iterable[PublishItem]) -> Published:
         """As `queue.publish_many`, when the transaction commits (checked now)."""

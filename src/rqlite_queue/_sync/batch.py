@@ -8,16 +8,16 @@ ends. This file is the source; `_sync/batch.py` is generated from it."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Unpack
 
 from .._protocol import batches
 from .._protocol.batches import BatchPart, BatchSpec, BatchWrite, aborted_reason
 from .._protocol.core import QueueCore
 from .._protocol.messages import GivenMessage, Message
 from ..errors import ForwardPending, InvalidArgument
-from ..types import DEFAULT_BATCH_KEEP, PublishItem, batch_shard
+from ..types import DEFAULT_BATCH_KEEP, MessageOptions, PublishItem, batch_shard
 from .router import Router
 from .transaction import Published
 
@@ -81,35 +81,15 @@ class Batch:
         return self._spec.parent
 
     def publish(
-        self,
-        group_id: str,
-        event: Any,
-        priority: int = 0,
-        *,
-        delay: float | None = None,
-        not_before: float | None = None,
-        ttl: float | None = None,
-        tenant: str | None = None,
-        headers: Mapping[str, str] | None = None,
-        keep: float | None = None,
+        self, group_id: str, event: Any, priority: int = 0, **options: Unpack[MessageOptions]
     ) -> Published:
-        """As `queue.publish`, written with the batch (checked now; its seq is known once
-        written). A batch's messages take no dedup id (none is made for them by the
-        transport's `dedup_key` either) and no debounce key: each one given is a message of
-        the batch. `keep`: how long the message's outcome is kept (as `queue.publish` takes
-        it; the batch's own `keep` is how long its status is)."""
-        message = Message(
-            group_id=group_id,
-            event=event,
-            priority=priority,
-            delay=delay,
-            not_before=not_before,
-            ttl=ttl,
-            tenant=tenant,
-            headers=headers,
-            keep=keep,
-        )
-        return self._add([message])
+        """As `queue.publish` (its keywords: `MessageOptions`), written with the batch
+        (checked now; its seq is known once written). A batch's messages take no dedup id
+        (none is made for them by the transport's `dedup_key` either) and no debounce key:
+        each one given is a message of the batch. `keep`: how long the message's outcome is
+        kept (as `queue.publish` takes it; the batch's own `keep` is how long its status
+        is)."""
+        return self._add([Message(group_id, event, priority, **options)])
 
     def publish_many(self, items: Iterable[PublishItem]) -> Published:
         """As `queue.publish_many`, written with the batch (checked now; no `dedup_id`,

@@ -13,7 +13,7 @@ import random
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, Unpack
 
 from .. import _tracing
 from .._io.sqlite import SqliteExecutor
@@ -64,6 +64,7 @@ from ..types import (
     NodeView,
     Probe,
     PublishItem,
+    PublishOptions,
     Round,
     Schedule,
     ShardStatus,
@@ -186,21 +187,15 @@ class Transport:
         event: Any,
         priority: int = 0,
         *,
-        dedup_id: str | None = None,
-        delay: float | None = None,
-        not_before: float | None = None,
-        ttl: float | None = None,
-        tenant: str | None = None,
-        debounce: str | None = None,
-        max_wait: float | None = None,
-        headers: Mapping[str, str] | None = None,
-        keep: float | None = None,
-        batch: str | None = None,
         connection: object = None,
+        **options: Unpack[PublishOptions],
     ) -> int:
         """Append `event` to `group_id`'s FIFO; returns its seq. `priority` (0-4) is fixed by
-        the publish that creates the group. With `dedup_id` (or the transport's `dedup_key`),
-        a repeat within the dedup window publishes nothing and returns the first seq.
+        the publish that creates the group. Its keywords (`types.PublishOptions`, which a
+        transaction's publish takes too; a batch's, `types.MessageOptions`):
+
+        With `dedup_id` (or the transport's `dedup_key`), a repeat within the dedup window
+        publishes nothing and returns the first seq.
 
         `delay` (seconds) or `not_before` (epoch seconds): not delivered before then; FIFO is
         kept, so the messages published after it in its group wait too. `ttl` (seconds): if it
@@ -239,21 +234,7 @@ class Transport:
         queue's file, with a transaction open (or in Python's default transaction mode: the
         publish begins one, as an INSERT would); the publish runs in that transaction, and
         commits or rolls back with the caller's own writes."""
-        message = Message(
-            group_id=group_id,
-            event=event,
-            priority=priority,
-            dedup_id=dedup_id,
-            delay=delay,
-            not_before=not_before,
-            ttl=ttl,
-            tenant=tenant,
-            debounce=debounce,
-            max_wait=max_wait,
-            headers=headers,
-            keep=keep,
-            batch=batch,
-        )
+        message = Message(group_id, event, priority, **options)
         return (self._publish([message], connection))[0]
 
     def _publish(self, given: Sequence[GivenMessage], connection: object = None) -> list[int]:

@@ -34,6 +34,7 @@ from .._protocol.sharding import (
 from .._runtime import LOCAL_PUBLISHES
 from ..errors import (
     BackendError,
+    CrossShard,
     ForwardPending,
     InvalidArgument,
     PartialRound,
@@ -377,14 +378,27 @@ class ShardRouter:
         self, statements: Sequence[Statement], messages: Sequence[NewMessage], deadline: float
     ) -> list[int]:
         """On the one shard of its publishes' groups (refused if they span shards, or if it
-        publishes nothing: its shard would be unknown), behind the epoch, as a publish."""
+        publishes nothing: its shard would be unknown), behind the epoch, as a publish. Its
+        messages that join batches are counted there, so their batches must live there too
+        (a publish outside a transaction goes through the batch's shard instead: it has no
+        statements of the caller's to keep with it)."""
         targets = {self.shard_list.shard_of(m.group_id) for m in messages}
         if len(targets) != 1:
-            raise InvalidArgument(
+            raise CrossShard(
                 "a transaction on a sharded queue publishes to groups of one shard (and at "
                 f"least one): these are on {sorted(targets) or 'none'}"
             )
         [name] = targets
+        for m in messages:
+            if m.batch is not None and (home := batch_shard(m.batch)) != name:
+                self.backend(home)  # (a batch of no shard of this queue: refused as such)
+                raise CrossShard(
+                    f"a transaction on shard {name!r} (its groups') cannot join batch "
+                    f"{m.batch!r}, which lives on shard {home!r}: the message and its count "
+                    f"in the batch would be writes on two shards. Publish it outside the "
+                    f"transaction (`publish(batch=...)`, forwarded exactly once), or in a "
+                    f"transaction whose groups live on {home!r}"
+                )
         self.calls.check_up(name)
         held = self.moves.still_on_old_shards({m.group_id for m in messages}, deadline)
         plan = shard_tables.guarded(
