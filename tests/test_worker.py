@@ -709,6 +709,42 @@ def test_quick_handlers_prefetch_and_a_round_carries_more_than_the_slots(tmp_pat
     assert rounds[None] < rounds[0] * 0.75
 
 
+@pytest.mark.parametrize("tenants", [False, True])
+def test_the_default_prefetch_cap_is_four_times_smaller_once_tenants_are_on(
+    tmp_path: Path, tenants: bool
+) -> None:
+    """Handlers much quicker than a (slowed) round trip: the adaptive prefetch asks for more
+    than the cap. Tenants off, a round claims up to the free slots + 16 x `concurrency`;
+    once they are on (turned on by another client: learnt at the setup), + 4 x
+    `concurrency`, so that a small tenant's few groups are not all held ahead of the slots
+    (tests/test_fairness.py). Each message is handled once either way."""
+    path = f"sqlite:///{tmp_path}/q.db"
+    with Transport.from_url(path) as other:
+        if tenants:
+            other.set_tenant("small", weight=1)
+        other.publish_many([(f"g{i}", i) for i in range(300)])
+    q = Transport.from_url(path)
+    sizes: list[int] = []
+    inner = q.settle_and_claim
+
+    def slowed(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(0.02)  # a slow link's round trip
+        result = inner(*args, **kwargs)
+        sizes.append(len(result.leases))
+        return result
+
+    q.settle_and_claim = slowed  # type: ignore[method-assign]
+    seen: list[int] = []
+    worker = Worker(q, lambda lease: seen.append(lease.event), concurrency=2)
+    worker.run(handle_signals=False, until_empty=True)
+    assert sorted(seen) == list(range(300))
+    if tenants:
+        assert max(sizes) <= 2 + 4 * 2, sizes
+    else:
+        assert 2 + 4 * 2 < max(sizes) <= 2 + 16 * 2, sizes
+    q.close()
+
+
 def test_a_prefetched_message_waits_at_most_a_third_of_the_visibility(tmp_path: Path) -> None:
     """A prefetched message whose handler cannot start (the one slot is taken by a slow
     handler) is given back after a third of the visibility: another worker gets it then,

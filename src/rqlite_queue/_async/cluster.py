@@ -327,6 +327,10 @@ class AsyncClusterRouter:
     def resent(self) -> int:
         return self.backend.resent
 
+    @property
+    def tenants_on(self) -> bool:
+        return self.backend.known.tenants_on
+
     async def setup(self, deadline: float) -> None:
         await self.backend.setup(deadline)
 

@@ -96,6 +96,10 @@ class AsyncShardRouter:
     def resent(self) -> int:
         return self.calls.resent
 
+    @property
+    def tenants_on(self) -> bool:
+        return any(backend.known.tenants_on for backend in self.calls.backends.values())
+
     def backend(self, name: str) -> AsyncBackend:
         return self.calls.backend(name)
 

@@ -327,6 +327,10 @@ class ClusterRouter:
     def resent(self) -> int:
         return self.backend.resent
 
+    @property
+    def tenants_on(self) -> bool:
+        return self.backend.known.tenants_on
+
     def setup(self, deadline: float) -> None:
         self.backend.setup(deadline)
 

@@ -41,6 +41,12 @@ class Router(Protocol):
         """Batches sent again after an unknown outcome (for tests and metrics)."""
         ...
 
+    @property
+    def tenants_on(self) -> bool:
+        """Whether this client has learnt that the queue's tenants are on (on a sharded
+        queue: on a shard), from its setup and its claims' replies."""
+        ...
+
     def setup(self, deadline: float) -> None:
         """Create or upgrade the tables (on a sharded queue: of every shard that answers)."""
         ...

@@ -97,6 +97,10 @@ class ShardRouter:
     def resent(self) -> int:
         return self.calls.resent
 
+    @property
+    def tenants_on(self) -> bool:
+        return any(backend.known.tenants_on for backend in self.calls.backends.values())
+
     def backend(self, name: str) -> Backend:
         return self.calls.backend(name)
 

@@ -53,9 +53,18 @@ SCHEDULE_CHECK = 1.0
 its polls)."""
 EWMA = 0.2
 """The weight of the latest measure in the running means of handler and round-trip times."""
-# The default prefetch, per slot (Celery's default prefetch multiplier): with quick handlers a
-# round carries up to 5 x `concurrency` messages (bench/results/prefetch.md).
+# The default prefetch cap, per slot, while the queue's tenants are on (Celery's default
+# prefetch multiplier): with quick handlers a round carries up to 5 x `concurrency` messages
+# (bench/results/prefetch.md). A tenant's share needs groups of its own claimable: a worker
+# holding more ahead ties up a small tenant's few groups (tests/test_fairness.py fails at
+# 8 x concurrency). Tenants off, claims are plain round robin and no share is at stake: the
+# cap is 16 x concurrency, at most PREFETCH_TENANTS_OFF_MAX (never below 4 x concurrency).
+# Behind 1 ms links, concurrency 8, that doubles a Worker with quick handlers (BENCHMARKS.md,
+# issue 34); at 64, rounds of up to 16 x 64 were slower than 4 x 64's (a round that takes every
+# claimable group leaves the next one nothing to claim while its handlers run).
 PREFETCH_MULTIPLIER = 4
+PREFETCH_MULTIPLIER_TENANTS_OFF = 16
+PREFETCH_TENANTS_OFF_MAX = 256
 QUICK_POLL = 0.01
 QUICK_POLL_FOR = 1.0
 """For this long after its last message, an idle worker polls every QUICK_POLL seconds (work
@@ -211,8 +220,10 @@ class Worker:
       write. A new message is picked up within about `poll_interval`.
     - Prefetch: a round claims ahead of the free slots as many messages as the handlers are
       expected to finish during one round trip (`concurrency` x round trip / handler time,
-      running means), at most `prefetch` (default: 4 x `concurrency`, Celery's default prefetch
-      multiplier; 0: never ahead). They wait
+      running means), at most `prefetch` (default: 16 x `concurrency` up to 256, or 4 x
+      `concurrency` if more; 4 x `concurrency`, Celery's default prefetch multiplier, once the
+      queue's tenants are on, so that a small tenant's few groups are not all held ahead; 0:
+      never ahead). They wait
       in order and start as soon as a slot frees, while the next round trip is in flight, so
       that a round carries more than `concurrency` messages when handlers are quick. Slow
       handlers claim nothing ahead. A prefetched message whose handler has not started within
@@ -308,7 +319,8 @@ class Worker:
         self.grace = float(grace)
         self.heartbeat_interval = heartbeat_interval or max(0.05, visibility / 6)
         self.stats = WorkerStats()
-        self.prefetch = PREFETCH_MULTIPLIER * concurrency if prefetch is None else prefetch
+        self.prefetch = prefetch
+        """The prefetch cap given (None: the default, `_prefetch_cap`)."""
         self._running: dict[tuple[str, int], Lease] = {}
         """Every lease this worker holds for a handler: running, or waiting for a slot."""
         self._waiting: dict[int, tuple[tuple[str, int], float]] = {}
@@ -706,14 +718,28 @@ class Worker:
         """How many messages to claim ahead of the free slots: those the handlers are
         expected to finish during one round trip, at most `prefetch`. A handler running
         longer than the mean counts at its age so far: a slow one stops the prefetch at once."""
-        if not self.prefetch or self._handler_seconds is None or self._round_seconds is None:
+        cap = self._prefetch_cap()
+        if not cap or self._handler_seconds is None or self._round_seconds is None:
             return 0
         seconds = self._handler_seconds
         began = list(self._began.values())  # (a copy: handlers' threads change it)
         if began:
             seconds = max(seconds, time.monotonic() - min(began))
         expected = self.concurrency * self._round_seconds / max(seconds, 1e-6)
-        return min(self.prefetch, int(expected))
+        return min(cap, int(expected))
+
+    def _prefetch_cap(self) -> int:
+        """`prefetch` if given; else 4 x `concurrency` while the queue's tenants are on (as
+        this client last learnt it: a claim that meets them turned on learns it, and the
+        next round keeps to it), and while they are off 16 x `concurrency`, at most 256 (4 x
+        `concurrency` if that is more)."""
+        if self.prefetch is not None:
+            return self.prefetch
+        cap = PREFETCH_MULTIPLIER * self.concurrency
+        if self.transport.router.tenants_on:
+            return cap
+        larger = PREFETCH_MULTIPLIER_TENANTS_OFF * self.concurrency
+        return max(cap, min(larger, PREFETCH_TENANTS_OFF_MAX))
 
     def _give_back_waiting(self, everything: bool) -> None:
         """Give back the prefetched leases whose handler has not started within a third of
