@@ -809,8 +809,16 @@ class Cluster:
         directory. Idempotent.
 
         All nodes are signalled together: stopping them one by one makes each last leader try
-        to step down to peers that are already gone.
+        to step down to peers that are already gone. The links' toxiproxy goes first: a node
+        stopping waits for its Raft calls in flight, and one through a proxy whose far end is
+        gone gets no reset, only its 10 s read timeout (every test cluster with links took
+        9-10 s to stop; 0.1 s with the proxy stopped first).
         """
+        if self._toxiproxy is not None:
+            if self.links is not None:
+                self.links.api.close()
+            _stop(self._toxiproxy, timeout)
+            self._toxiproxy = None
         for node in self.nodes:
             node.exit_expected = True
         procs = [n.process for n in self.nodes if n.process is not None]
@@ -828,11 +836,6 @@ class Cluster:
                 proc.wait()
         for node in self.nodes:
             node.paused = False
-        if self._toxiproxy is not None:
-            if self.links is not None:
-                self.links.api.close()
-            _stop(self._toxiproxy, timeout)
-            self._toxiproxy = None
         if self.dir is not None and self.data_dir is None:
             shutil.rmtree(self.dir, ignore_errors=True)
             with _registry_lock:
