@@ -25,6 +25,7 @@ from test_cli import DOCS, EXE, cli_env, one_error_line, run
 
 from rqlite_queue import Backoff, RqliteTransport, ShardedTransport, Transport, Unavailable
 from rqlite_queue.backup import backup
+from rqlite_queue.cli import _base as cli_base
 from rqlite_queue.cli import _run, cli
 from rqlite_queue.cli._base import _state
 from rqlite_queue.errors import REFUSED, NothingListens
@@ -203,10 +204,17 @@ def restorable(tmp_path: Path) -> Path:
 
 
 def test_every_command_keeps_the_rule(
-    cli_run: Callable[..., Ran], restorable: Path, taken_port: int
+    cli_run: Callable[..., Ran],
+    restorable: Path,
+    taken_port: int,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Every command, given a URL where nothing listens, a URL without its scheme, and (the
     ones that listen) a taken port: one error line that says what and what next, at once."""
+    # The commands' half second of refusals before they say so, shortened: the walk is about
+    # each command's line (30 commands waited 18 s); test_a_dead_url_is_said_at_once_with_
+    # what_to_do runs the command as a user types it, with its own wait.
+    monkeypatch.setattr(cli_base, "REFUSED_TIMEOUT", 0.05)
     dead = f"http://127.0.0.1:{free_port()}"
     slowest = 0.0
     for command, args in QUEUE_COMMANDS.items():
