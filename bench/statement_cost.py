@@ -59,7 +59,7 @@ from systems import (
 from workloads import QUEUE, make_core
 
 from rqlite_queue import Lease
-from rqlite_queue._protocol import messages, names, publish, round_spec, rounds, schema
+from rqlite_queue._protocol import messages, names, probes, publish, round_spec, rounds, schema
 from rqlite_queue._protocol.http import parse_reply, request_for
 from rqlite_queue._protocol.plan import Batch, Plan, Reply
 from rqlite_queue._protocol.round_spec import RoundSpec
@@ -213,7 +213,7 @@ def _publish_one(general: bool) -> Callable[[], Batch]:
 
 def _probe(tenants: bool) -> Callable[[], Batch]:
     core = make_core()
-    return lambda: rounds.probe(core, 0, tenants=tenants).batch
+    return lambda: probes.plan(core, 0, tenants=tenants).batch
 
 
 VARIANTS: dict[str, Callable[[], Callable[[], Batch]]] = {
@@ -248,7 +248,7 @@ def compile_costs(runs: int) -> str:
             publish.upsert_groups(rows, tenants=True, delays=True),
             "with the tenant lookup",
         ),
-        "the probe": (rounds._probe(False, False), rounds._probe(False, True), "tenants off"),
+        "the probe": (probes._probe(False, False), probes._probe(False, True), "tenants off"),
     }
     lines = [
         "| statement | variant | variant us | general us | variant / general |",

@@ -59,7 +59,7 @@ from systems import (
 )
 
 from rqlite_queue import AsyncTransport, Transport
-from rqlite_queue._protocol import messages, round_spec, rounds, schema
+from rqlite_queue._protocol import messages, probes, round_spec, rounds, schema
 from rqlite_queue._protocol import publish as publishing
 from rqlite_queue._protocol.core import QueueCore
 from rqlite_queue._protocol.http import parse_reply, request_for
@@ -671,7 +671,7 @@ def _time_ours(t: _Timer, core: QueueCore, i: int, many: int) -> None:
     leases = t.plan("ours: Worker round, ack 1 + claim 1", plan).leases
     t.plan("ours: ack", _round(core, ack=leases))
     if i % 4 == 0:
-        probe = rounds.probe(core, 0)
+        probe = probes.plan(core, 0)
         fence, slot = schema.fence(core.names, False)
         probe = dataclasses.replace(probe, batch=probe.batch.last(fence, slot))
         t.plan("ours: probe (node-local read)", probe)

@@ -18,7 +18,16 @@ import pytest
 
 from rqlite_queue._io.sqlite import SqliteExecutor
 from rqlite_queue._io.urllib3_client import Urllib3Client
-from rqlite_queue._protocol import admin, jobs, rounds, schedules, schema, tenants
+from rqlite_queue._protocol import (
+    admin,
+    jobs,
+    probes,
+    rounds,
+    schedules,
+    schema,
+    settlements,
+    tenants,
+)
 from rqlite_queue._protocol import publish as publishing
 from rqlite_queue._protocol.http import parse_endpoints, parse_reply, request_for
 from rqlite_queue._protocol.messages import NewMessage
@@ -48,7 +57,7 @@ FULL_SCAN = re.compile(
     r"|g USING INDEX sqlite_autoindex_rq_\w+_groups_1$)"
 )
 TENANTS = 1_000
-NO_SETTLE = rounds.Settle()
+NO_SETTLE = settlements.Settle()
 
 Execute = Callable[[Batch], list[Result]]
 
@@ -60,13 +69,13 @@ def hot_batches(n: Names) -> dict[str, Batch]:
     mixed = [NewMessage(f"g{i}", "{}", i % 5, f"d{i}" if i % 2 else None) for i in range(100)]
 
     def claim(
-        count: int, floor: int = 0, settle: rounds.Settle = NO_SETTLE, fair: bool = False
+        count: int, floor: int = 0, settle: settlements.Settle = NO_SETTLE, fair: bool = False
     ) -> Batch:
         claim = rounds.Claim("t", 10.0, count, floor, fair)
         return rounds.round_trip(n, now=5.0, settle=settle, claim=claim)
 
     def settle(**parts: Any) -> Batch:
-        return rounds.round_trip(n, now=1.0, settle=rounds.Settle(**parts))
+        return rounds.round_trip(n, now=1.0, settle=settlements.Settle(**parts))
 
     def publish(messages: list[NewMessage], prune: float | None = None) -> Batch:
         return publishing.publish(n, messages, now=1.0, dedup_until=2.0, prune_before=prune)
@@ -80,7 +89,9 @@ def hot_batches(n: Names) -> dict[str, Batch]:
         "claim min_priority=4, tenants on": claim(1, 4, fair=True),
         "settle 32 and claim 32": claim(
             32,
-            settle=rounds.Settle(finish=many[:16], give_back=[(many[16], 9.0)], extend=many[17:]),
+            settle=settlements.Settle(
+                finish=many[:16], give_back=[(many[16], 9.0)], extend=many[17:]
+            ),
         ),
         "publish": publish([NewMessage("g", "{}", 0)]),
         "publish, the tripwire form": publishing.publish(
@@ -112,8 +123,8 @@ def hot_batches(n: Names) -> dict[str, Batch]:
         "dead_letter": settle(finish=[held], dead={5: "r"}),
         "dead_letter and hold": settle(finish=[held], dead={5: "r"}, hold=frozenset({5})),
         "prune empty groups": rounds.round_trip(n, now=1.0, prune=True),
-        "probe": rounds.probe_batch(n, min_priority=0, now=1.0),
-        "probe min_priority=4": rounds.probe_batch(n, min_priority=4, now=1.0),
+        "probe": probes.probe_batch(n, min_priority=0, now=1.0),
+        "probe min_priority=4": probes.probe_batch(n, min_priority=4, now=1.0),
         "hold": admin.hold_batch(n, "g5", now=1.0),
         "release": admin.release_batch(n, "g5"),
         "requeue_dead": admin.requeue_batch(n, [1, 2], now=1.0),

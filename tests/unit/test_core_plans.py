@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from rqlite_queue import InvalidArgument, Lease, OutcomeUnknown
-from rqlite_queue._protocol import admin, messages, round_spec, rounds, schema
+from rqlite_queue._protocol import admin, messages, probes, round_spec, rounds, schema
 from rqlite_queue._protocol import publish as publishing
 from rqlite_queue._protocol.core import QueueCore
 from rqlite_queue._protocol.messages import Message
@@ -149,7 +149,7 @@ def test_one_settlement_reads_its_outcome_from_its_record_on_any_send() -> None:
     record = next(s for s in plan.batch.statements if "INSERT INTO rq_t_settled" in s.sql)
     # group, token, seq, kind (acked), as plain parameters: one settlement's statements
     assert {k: record.params[k] for k in "gtq"} == {"g": "a", "t": "w:T0", "q": 1}
-    assert record.params["kind"] == rounds.ACKED
+    assert record.params["kind"] == schema.ACKED
 
 
 def test_the_record_says_how_a_lease_was_settled() -> None:
@@ -158,7 +158,7 @@ def test_the_record_says_how_a_lease_was_settled() -> None:
     plan = round_(core(), ack=[a], dead=[(b, "why")], nack=[(c, 0)])
     record = next(s for s in plan.batch.statements if "INSERT INTO rq_t_settled" in s.sql)
     kinds = [item[3] for item in __import__("json").loads(record.params["rec"])]
-    assert kinds == [rounds.ACKED, rounds.DEAD_LETTERED, rounds.GIVEN_BACK]
+    assert kinds == [schema.ACKED, schema.DEAD_LETTERED, schema.GIVEN_BACK]
 
 
 def test_an_extension_found_gone_is_lost_on_any_send() -> None:
@@ -259,7 +259,7 @@ def every_batch(c: QueueCore) -> dict[str, Batch]:
             hold_dead=True,
         ).batch,
         "claim floor 1": claim(c, "w", 30, 64, 1).batch,
-        "probe": rounds.probe(c, 1).batch,
+        "probe": probes.plan(c, 1).batch,
         "stats": admin.stats(c).batch,
         "requeue": admin.requeue_dead(c, [1, 2, 3]).batch,
         "hold": admin.hold_group(c, "g").batch,

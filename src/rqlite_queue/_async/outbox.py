@@ -10,8 +10,8 @@ import contextlib
 import functools
 from collections.abc import Callable, Sequence
 
-from .._protocol import batches, shard_tables
-from .._protocol.batches import Counts
+from .._protocol import batch_counts, shard_tables
+from .._protocol.batch_counts import Counts
 from .._protocol.core import QueueCore
 from .._protocol.messages import NewMessage
 from .._protocol.shard_tables import OutboxRow
@@ -95,7 +95,7 @@ class AsyncOutbox:
         barrier: int | None = None
         for home, part in counts.items():
             try:
-                plan = batches.apply_plan(
+                plan = batch_counts.apply_plan(
                     self.core, name, [(row.id, Counts.stored(row.counts or "")) for row in part]
                 )
                 await self.calls.on(home, plan, deadline)

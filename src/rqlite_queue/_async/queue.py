@@ -21,12 +21,13 @@ from .._io.sqlite import AsyncSqliteExecutor
 from .._job import error_of
 from .._protocol import (
     admin,
+    batch_status,
     batches,
     jobs,
     messages,
+    probes,
     publish,
     round_spec,
-    rounds,
     schedules,
     sharding,
     tenants,
@@ -347,7 +348,7 @@ class AsyncTransport:
         """A look without a Raft round (a read of the leader's copy, no write): is a group
         claimable now, when does the earliest lease, park or delayed head end, when is the next
         schedule due?"""
-        plan = rounds.probe(self._core, min_priority)
+        plan = probes.plan(self._core, min_priority)
         return await self.router.gather(plan, self._by(), sharding.probe_of, workers=True)
 
     async def settle_and_claim(
@@ -561,7 +562,7 @@ class AsyncTransport:
         cancelled), its first failures with their reasons. None for a batch this queue
         does not know (never made, or forgotten `keep` seconds after it was done). A read
         (no Raft entry)."""
-        plan = batches.status_plan(self._core, batch_id, sharded=self.router.cluster is None)
+        plan = batch_status.status_plan(self._core, batch_id, sharded=self.router.cluster is None)
         return await self.router.on_batch(batch_id, plan, self._by())
 
     async def batches(
@@ -569,7 +570,7 @@ class AsyncTransport:
     ) -> list[BatchStatus]:
         """A page of the batches (of `state`: `open`, `closed` or `done`), oldest first (ids
         sort by creation): pass the last id of a page as `after` for the next one."""
-        plan = batches.list_plan(self._core, state=state, limit=limit, after=after)
+        plan = batch_status.list_plan(self._core, state=state, limit=limit, after=after)
         return await self.router.gather(plan, self._by(), sharding.batches_of(limit))
 
     # ------------------------------------------------------------------------ schedules

@@ -1,7 +1,9 @@
 """The queue without I/O (sans-I/O, as h11), one module per family of operations: `schema` (the
 tables, their migrations, the fence, the setup), `publish` with `messages`, `rounds` with
-`round_spec` (settle and claim, the probe), `jobs` (a message as a job: its outcome, its
-cancel), `admin`, `tenants`, `schedules`, `shard_tables`. Each holds its arguments' checks, its
+`round_spec` (settle and claim), `settlements` and `one_settlement` (the settlements'
+statements), `probes` (the probe), `jobs` (a message as a job: its outcome, its cancel),
+`batches` with `batch_tables`, `batch_counts`, `batch_status`, `batch_ids`, `batch_joins`,
+`admin`, `tenants`, `schedules`, `shard_tables`. Each holds its arguments' checks, its
 statements, the reading of their results and its plan functions, which take the queue's
 configuration (`core.QueueCore`) and return a `plan.Plan`. They share `plan` (the values a plan
 is made of), `names` (a queue's names, and `Sql`: a statement written once and rendered once per

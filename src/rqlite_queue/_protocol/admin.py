@@ -10,7 +10,8 @@ from typing import Any
 
 from ..errors import InvalidArgument
 from ..types import GROUP_STATES, MAX_BATCH, MAX_PRIORITY, DeadLetter, GroupInfo, Headers, Stats
-from .batches import OPEN_COUNT, count_cancelled_group
+from .batch_counts import count_cancelled_group
+from .batch_tables import OPEN_COUNT
 from .checks import check_id, check_int, show
 from .core import QueueCore
 from .names import Names, Sql, as_json

@@ -17,15 +17,15 @@ from typing import Any
 
 from ..errors import InvalidArgument
 from ..types import MAX_BATCH, Headers, JobResult, Lease, LeaseCheck
-from .batches import count_cancelled_message
+from .batch_counts import count_cancelled_message
 from .checks import check_id, check_int, show
 from .core import QueueCore
 from .names import Fields, Names, Sql, as_json
 from .outcomes import read_errors, read_progress, worker_ids
 from .plan import NOTHING, Batch, Builder, Plan, Reply
 from .round_spec import Held, check_reason
-from .rounds import FREED
 from .schema import CANCELLED, OUTCOME_STATUSES, RETIRE_WINDOW
+from .settlements import FREED
 
 HELD = Fields("j", Held._fields)
 

@@ -73,7 +73,7 @@ class Names:
     batches_done_2: str
     batches_done_3: str
     batches_done_4: str
-    """The triggers that finish the batches of each depth (batches.py)."""
+    """The triggers that finish the batches of each depth (batch_tables.py)."""
     batches_finished_here: str
     batches_finished_elsewhere: str
     """The triggers that publish a finished batch's callbacks (one cluster; shards)."""

@@ -325,7 +325,7 @@ def publish(
     with TENANTS_ON_ERROR if they are; "skip" them (follow-ups forwarded from an outbox:
     never bounded). `bind_rows`: the backend binds parameters for less than SQL parses them
     out of JSON (`_bound`). `joined`: the batches its messages join, each with how many:
-    counted there (`batches.count_joins`; forwarded messages were counted on their batch's
+    counted there (`batch_joins.count_joins`; forwarded messages were counted on their batch's
     shard: none)."""
     if bind_rows and 0 < len(messages) <= BOUND_ROWS and not joined:
         bound = _bound(n, messages, now, prune_before, bounds)

@@ -30,7 +30,7 @@ EXPIRED = "expired"
 
 class Held(NamedTuple):
     """What identifies a lease on the server: its message, its group and its token (in this
-    order, the first fields of every settlement's JSON item: `rounds.HELD`)."""
+    order, the first fields of every settlement's JSON item: `settlements.HELD`)."""
 
     seq: int
     group_id: str

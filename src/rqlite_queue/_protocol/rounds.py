@@ -1,120 +1,43 @@
 """A worker's round trip: settle the leases it is done with (ack, nack, park, extend, dead
-letter) and claim new ones, in one transaction: one Raft entry however many leases; and the
-probe, the read that tells an idle worker whether a claim would find anything.
+letter: `settlements`, `one_settlement`) and claim new ones, in one transaction: one Raft
+entry however many leases; before it, where a claim alone found nothing last time, the probe
+(`probes`).
 
-Every settlement names its lease as (seq, group, token), and acts only if that lease still
-holds its group (the fencing check), so a stale lease, or a hand-made one naming another
-message, changes nothing. A settlement sent again after its reply was lost finds its own
-record (`settled`) and reports its outcome exactly. The claim takes the heads of the
-claimable groups claimed least recently (round robin; by weight between tenants once they
-are on) and returns them with `RETURNING` where rqlite's own parser takes the statement, else
-with a `SELECT` in the same transaction (which also serves a resend: it finds what the token
-took)."""
+The claim takes the heads of the claimable groups claimed least recently (round robin; by
+weight between tenants once they are on) and returns them with `RETURNING` where rqlite's own
+parser takes the statement, else with a `SELECT` in the same transaction (which also serves a
+resend: it finds what the token took)."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..errors import OutcomeUnknown, QueueError, Unavailable
-from ..group_states import LEASED, PARKED, READY
 from ..types import MAX_PRIORITY, Headers, Lease, Probe, Round
-from .batches import ACKED as BATCH_ACKED
-from .batches import BACK as BATCH_BACK
-from .batches import FAILED as BATCH_FAILED
-from .batches import PRUNE as PRUNE_BATCHES
-from .batches import Settled, count_settled
-from .checks import check_int
+from . import probes
+from .batch_counts import ACKED as BATCH_ACKED
+from .batch_counts import BACK as BATCH_BACK
+from .batch_counts import FAILED as BATCH_FAILED
+from .batch_counts import Settled
+from .batch_tables import PRUNE as PRUNE_BATCHES
 from .core import QueueCore
-from .messages import NewMessage
-from .names import Fields, Names, Sql, as_json
+from .names import Names, Sql
+from .one_settlement import settle_one
 from .outcomes import error_text
 from .plan import Batch, Builder, Known, Plan, Reply, Steps
-from .publish import PRUNE_CHANCE, insert_messages
+from .publish import PRUNE_CHANCE
 from .round_spec import EXTEND, FINISH, GIVE_BACK, CheckedRound, Held, RoundSpec, Settlement
 from .round_spec import check as check_round
-from .schema import ACKED, DEAD_LETTERED, EXPIRED, GIVEN_BACK, RETIRE_WINDOW, errors_after
-from .tenants import ALLOWANCE, BUCKET, ROOM, TenantsTurnedOn, float_or_none, turn_on
+from .schema import RETIRE_WINDOW
+from .settlements import Settle, follow_ups, settle_many
+from .tenants import ALLOWANCE, BUCKET, TenantsTurnedOn, float_or_none
 
 TENANTS_ON_ERROR = "NOT NULL constraint failed: {claims}.expires_at"
 """How a claim that assumed tenants off fails once they are on (its claim token's tripwire)."""
-
-
-# The JSON items of a round's statements: a lease's fields first, then what the statement
-# needs of it.
-HELD = Fields("j", Held._fields)
-SETTLEMENT = Fields("j", (*Held._fields, "kind"))
-KEPT_SETTLEMENT = Fields("j", (*Held._fields, "kind", "result", "error"))
-"""A settlement with what its message's outcome takes from it (an ack's result, an error)."""
-NOTE = Fields("j", (*Held._fields, "text"))
-"""A lease's error (a give-back's) or progress (an extension's), as JSON text."""
-FINISHED = Fields("j", (*Held._fields, "hold"))
-DEAD = Fields("j", (*Held._fields, "reason"))
-CHANGE = Fields("j", (*Held._fields, "until", "parked", "keep"))
-FOLLOW_UP = Fields("j", (*NewMessage._fields, *(f"lease_{f}" for f in Held._fields)))
-"""A follow-up: its message's fields, then its lease's."""
-
-
-@dataclass(frozen=True, slots=True)
-class Settle:
-    """What to do with leases, all in one transaction.
-
-    `finish`: acked or dead-lettered (the message goes; `dead` ones are copied to the dead
-    letters first, with their reason); `hold` (per finished lease): the group is held after.
-    `give_back`: nacked (`until` 0: claimable now; > 0: parked until then). `extend`: the lease
-    now lapses at `extend_until`."""
-
-    finish: Sequence[Held] = ()
-    dead: Mapping[int, str] = field(default_factory=dict)
-    """seq -> reason, for the finished leases that are dead-lettered."""
-    hold: frozenset[int] = frozenset()
-    """seqs of finished leases whose group is held afterwards."""
-    give_back: Sequence[tuple[Held, float]] = ()
-    extend: Sequence[Held] = ()
-    extend_until: float = 0.0
-    expired: int = 0
-    """How many of the dead letters are messages that expired (counted in `meta`)."""
-    follow_ups: Sequence[tuple[Held, NewMessage]] = ()
-    """Messages published with a finished lease's settlement, only if it applies."""
-    outboxed: Sequence[tuple[Held, NewMessage]] = ()
-    """The same, for groups on other shards: written to the outbox, forwarded later."""
-    dedup_until: float = 0.0
-    kept: Mapping[int, tuple[str | None, str | None]] = field(default_factory=dict)
-    """seq -> (result, error) of a finished lease whose message keeps its outcome (encoded,
-    JSON; None: none): its settlement's record carries them to the outcome."""
-    expired_seqs: frozenset[int] = frozenset()
-    """seqs of the finished leases on messages whose ttl passed (recorded as EXPIRED)."""
-    errors: Sequence[tuple[Held, str]] = ()
-    """The errors (JSON) of given-back leases whose messages keep their outcome."""
-    progress: Sequence[tuple[Held, str]] = ()
-    """The progress (JSON) of extended leases."""
-    batches: Sequence[Settled] = ()
-    """The finished and given-back leases of messages of batches: counted there (batches.py;
-    one given back only if its message was cancelled)."""
-    sharded: bool = False
-    """A shard's part of a round (the counts of batches elsewhere go to its outbox)."""
-
-    @property
-    def count(self) -> int:
-        return len(self.finish) + len(self.give_back) + len(self.extend)
-
-    def all(self) -> list[Held]:
-        return [*self.finish, *(h for h, _ in self.give_back), *self.extend]
-
-    def kinds(self) -> list[int]:
-        """The `settled.kind` of each of `all()` (0: an extension, never recorded)."""
-        finished = [
-            ACKED
-            if h.seq not in self.dead
-            else EXPIRED
-            if h.seq in self.expired_seqs
-            else DEAD_LETTERED
-            for h in self.finish
-        ]
-        return [*finished, *[GIVEN_BACK] * len(self.give_back), *[0] * len(self.extend)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,355 +48,6 @@ class Claim:
     min_priority: int = 0
     fair: bool = False
     """Share between tenants by weight (the queue's tenants are on); else plain round-robin."""
-
-
-# -------------------------------------------------------------------------- follow-ups
-
-_LEASE_HOLDS = Sql(
-    """
-    EXISTS (SELECT 1 FROM {groups} g WHERE g.group_id = {j.lease_group_id}
-      AND g.token = {j.lease_token} AND g.head = {j.lease_seq})
-    """,
-    j=FOLLOW_UP,
-)
-# A follow-up that joins its lease's batch joins the batch of the lease's message (its row's:
-# the lease's word is not taken for it), counted with the lease's settlement.
-_JOINS = Sql(
-    """
-    CASE WHEN {j.batch} IS NOT NULL THEN (
-      SELECT batch FROM {messages} WHERE seq = {j.lease_seq}) END
-    """,
-    j=FOLLOW_UP,
-)
-_OUTBOXED = Sql(
-    """
-    INSERT INTO {outbox} (group_id, event, priority, dedup_id, due, expires, tenant, created_at,
-      headers, keep, batch)
-    SELECT {j.group_id}, {j.event}, {j.priority}, {j.dedup_id}, {j.due}, {j.expires},
-      {j.tenant}, :now, {j.headers}, {j.keep}, {joins}
-    FROM json_each(:o) j WHERE {holds} ORDER BY j.key
-    """,
-    j=FOLLOW_UP,
-    holds=_LEASE_HOLDS,
-    joins=_JOINS,
-)
-_OUTBOXED_PLAIN = Sql(
-    """
-    INSERT INTO {outbox} (group_id, event, priority, dedup_id, due, expires, tenant, created_at,
-      headers, keep)
-    SELECT {j.group_id}, {j.event}, {j.priority}, {j.dedup_id}, {j.due}, {j.expires},
-      {j.tenant}, :now, {j.headers}, {j.keep}
-    FROM json_each(:o) j WHERE {holds} ORDER BY j.key
-    """,
-    j=FOLLOW_UP,
-    holds=_LEASE_HOLDS,
-)
-
-
-def _follow_ups(b: Builder, n: Names, s: Settle, now: float) -> None:
-    """The follow-ups of settlements, each published (or written to the outbox) only if its
-    lease holds: placed before the settlements change the leases. A resend after the first
-    send applied finds the lease gone and publishes nothing again."""
-    if s.outboxed:
-        items = as_json([[*m, *h] for h, m in s.outboxed])
-        joining = any(m.batch is not None for _, m in s.outboxed)
-        outboxed = _OUTBOXED if joining else _OUTBOXED_PLAIN  # (no batch column to fill)
-        b.add(outboxed(n), {"o": items, "now": now}, slot="outboxed")
-    count_settled(b, n, s.batches, now, sharded=s.sharded)
-    if not s.follow_ups:
-        return
-    messages = [m for _, m in s.follow_ups]
-    if any(m.tenant is not None for m in messages):
-        turn_on(b, n)
-    items = as_json([[*m, *h] for h, m in s.follow_ups])
-    insert_messages(
-        b,
-        n,
-        messages,
-        items,
-        now=now,
-        dedup_until=s.dedup_until,
-        condition=_LEASE_HOLDS,
-        batch=_JOINS,
-    )
-
-
-# ------------------------------------------------------------------------- settlements
-
-# The lease named by a settlement's item `j` holds its group `g`.
-_HOLDS = Sql("g.group_id = {j.group_id} AND g.token = {j.token} AND g.head = {j.seq}", j=HELD)
-# An earlier send of the same settlement applied (its record).
-_EARLIER = Sql(
-    """
-    EXISTS (SELECT 1 FROM {settled} s WHERE s.token = {j.token} AND s.seq = {j.seq}
-      AND s.kind = {j.kind} AND s.expires_at >= :now)
-    """,
-    j=SETTLEMENT,
-)
-# Which settlements do not hold (before any of them changes anything), and were not applied by
-# an earlier send of the same settlement.
-_LOST = Sql(
-    """
-    SELECT j.key FROM json_each(:all) j
-    WHERE NOT EXISTS (SELECT 1 FROM {groups} g WHERE {holds}) AND NOT {earlier}
-    """,
-    holds=_HOLDS,
-    earlier=_EARLIER,
-)
-# The record of each settlement that holds (or of one an earlier send applied); with what the
-# outcomes of messages that keep theirs take from it (the variant for a round with such).
-_RECORDED_TEXT = """
-    INSERT INTO {settled} (token, seq, kind, expires_at{columns})
-    SELECT {j.token}, {j.seq}, {j.kind}, :e{values} FROM json_each(:rec) j
-    WHERE EXISTS (SELECT 1 FROM {groups} g WHERE {holds}) OR {earlier}
-    ON CONFLICT (token, seq) DO UPDATE SET expires_at = excluded.expires_at
-    """
-_RECORDED = Sql(_RECORDED_TEXT, j=SETTLEMENT, holds=_HOLDS, earlier=_EARLIER, columns="", values="")
-_RECORDED_KEPT = Sql(
-    _RECORDED_TEXT,
-    j=KEPT_SETTLEMENT,
-    holds=_HOLDS,
-    earlier=_EARLIER,
-    columns=", result, error",
-    values=Sql(", {j.result}, {j.error}", j=KEPT_SETTLEMENT),
-)
-# (A message cancelled while leased is not dead-lettered: it is cancelled.)
-_DEAD = Sql(
-    """
-    INSERT INTO {dead} (seq, group_id, event, priority, attempts, reason, published_at,
-      dead_at, headers, keep)
-    SELECT m.seq, m.group_id, m.event, g.priority, g.attempts, {j.reason}, m.published_at,
-      :now, m.headers, m.keep
-    FROM json_each(:dead) j JOIN {groups} g ON {holds} JOIN {messages} m ON m.seq = g.head
-    WHERE m.cancel IS NULL
-    """,
-    j=DEAD,
-    holds=_HOLDS,
-)
-_DONE = Sql(
-    """
-    DELETE FROM {messages} WHERE seq IN (
-      SELECT g.head FROM json_each(:done) j JOIN {groups} g ON {holds})
-    """,
-    holds=_HOLDS,
-)
-# A finished lease's group: free again; or waiting for its next message, due later (`d`); or
-# empty (its row kept for RETIRE_WINDOW, see schema.py).
-FREED = Sql(
-    """
-    ready = CASE WHEN d IS NULL THEN {EMPTY.ready} WHEN d > :now THEN {DELAYED.ready}
-      ELSE {READY.ready} END,
-    until = CASE WHEN d IS NULL THEN :retire WHEN d > :now THEN d ELSE 0 END,
-    parked = CASE WHEN d > :now THEN {DELAYED.parked} ELSE {READY.parked} END,
-    attempts = 0, token = NULL, head = NULL
-    """
-)
-
-
-# The finished leases' groups freed (`d`: the due of its new head), held after where the
-# settlement says so (`h`).
-_FINISHED = Sql(
-    """
-    UPDATE {groups} AS g SET {freed}, held = max(held, h) FROM (
-      SELECT {j.group_id} i, {j.token} t, {j.seq} q, {j.hold} h, (
-        SELECT due FROM {messages} m WHERE m.group_id = {j.group_id} ORDER BY seq LIMIT 1) d
-      FROM json_each(:done) j)
-    WHERE g.group_id = i AND g.token = t AND g.head = q
-    """,
-    j=FINISHED,
-    freed=FREED,
-)
-
-
-_EXPIRED = Sql("""UPDATE {meta} SET value = value + :k WHERE "key" = 'expired'""")
-# Before leases are given back: the errors of their attempts join their messages' (those that
-# keep their outcome); a message cancelled while leased is not given back but settled as
-# cancelled (gone: its outcome written by `messages_kept`; its group free for its next).
-_ERRORS = Sql(
-    """
-    UPDATE {messages} SET errors = {errors} FROM json_each(:errs) j
-    WHERE seq = {j.seq} AND keep IS NOT NULL AND EXISTS (SELECT 1 FROM {groups} g WHERE {holds})
-    """,
-    j=NOTE,
-    errors=errors_after("errors", Sql("{j.text}", j=NOTE)),
-    holds=_HOLDS,
-)
-_CANCELLED_BACK = Sql(
-    """
-    DELETE FROM {messages} WHERE seq IN (
-      SELECT g.head FROM json_each(:back) j JOIN {groups} g ON {holds}
-      JOIN {messages} m ON m.seq = g.head WHERE m.cancel IS NOT NULL)
-    """,
-    holds=_HOLDS,
-)
-_CANCELLED_FREED = Sql(
-    """
-    UPDATE {groups} AS g SET {freed} FROM (
-      SELECT {j.group_id} i, {j.token} t, {j.seq} q, (
-        SELECT due FROM {messages} m WHERE m.group_id = {j.group_id} ORDER BY seq LIMIT 1) d
-      FROM json_each(:back) j)
-    WHERE g.group_id = i AND g.token = t AND g.head = q
-      AND NOT EXISTS (SELECT 1 FROM {messages} WHERE seq = q)
-    """,
-    j=HELD,
-    freed=FREED,
-)
-# The progress of extended leases, on their messages (before the extension: its check of the
-# lease is the same).
-_PROGRESS = Sql(
-    """
-    UPDATE {messages} SET progress = {j.text} FROM json_each(:prog) j
-    WHERE seq = {j.seq} AND EXISTS (SELECT 1 FROM {groups} g WHERE {holds})
-    """,
-    j=NOTE,
-    holds=_HOLDS,
-)
-
-
-def _giving_back(b: Builder, n: Names, s: Settle, now: float) -> None:
-    """The statements before the give-backs change their groups (`_ERRORS`, then the cancelled
-    messages settled as such), and the extensions' progress."""
-    if s.errors:
-        b.add(_ERRORS(n), {"errs": as_json([[*h, e] for h, e in s.errors])})
-    if s.give_back:
-        back = as_json([h for h, _ in s.give_back])
-        b.add(_CANCELLED_BACK(n), {"back": back})
-        b.add(_CANCELLED_FREED(n), {"back": back, "retire": now + RETIRE_WINDOW, "now": now})
-    if s.progress:
-        b.add(_PROGRESS(n), {"prog": as_json([[*h, text] for h, text in s.progress])})
-
-
-# Nack now, park, or extend: `until` (0: claimable now), `parked`, `keep` the token.
-_CHANGED = Sql(
-    """
-    UPDATE {groups} AS g SET ready = iif({j.until} <= 0, {READY.ready}, {LEASED.ready}),
-      until = {j.until}, parked = {j.parked}, token = CASE WHEN {j.keep} THEN token END
-    FROM json_each(:changes) j WHERE {holds}
-    """,
-    j=CHANGE,
-    holds=_HOLDS,
-)
-
-
-def _settle(b: Builder, n: Names, s: Settle, now: float) -> None:
-    _follow_ups(b, n, s, now)
-    if s.count == 1:
-        _settle_one(b, n, s, now)
-        return
-    pairs = list(zip(s.all(), s.kinds(), strict=True))
-    every = [[*h, kind] for h, kind in pairs]
-    recorded: list[list[object]] = [item for item in every if item[-1]]
-    if s.count > 1:
-        b.add(_LOST(n), {"all": as_json(every), "now": now}, slot="lost")
-    if recorded:
-        record = _RECORDED
-        if s.kept:  # what the outcomes of kept messages take from their settlements' records
-            record = _RECORDED_KEPT
-            recorded = [[*h, kind, *s.kept.get(h.seq, _NONE_KEPT)] for h, kind in pairs if kind]
-        params = {"rec": as_json(recorded), "e": now + RETIRE_WINDOW, "now": now}
-        b.add(record(n), params, slot="recorded")
-    if s.finish:
-        done = as_json([[*h, int(h.seq in s.hold)] for h in s.finish])
-        if s.dead:
-            dead = as_json([[*h, s.dead[h.seq]] for h in s.finish if h.seq in s.dead])
-            b.add(_DEAD(n), {"dead": dead, "now": now})
-        b.add(_DONE(n), {"done": done})
-        params = {"done": done, "retire": now + RETIRE_WINDOW, "now": now}
-        b.add(_FINISHED(n), params, slot="finished")
-    if s.expired:
-        b.add(_EXPIRED(n), {"k": s.expired})
-    _giving_back(b, n, s, now)
-    if s.give_back or s.extend:
-        changes = [[*h, until, _parked(until), 0] for h, until in s.give_back]
-        changes += [[*h, s.extend_until, LEASED.parked, 1] for h in s.extend]
-        b.add(_CHANGED(n), {"changes": as_json(changes)}, slot="changed")
-
-
-_NONE_KEPT = (None, None)
-
-
-def _parked(until: float) -> int:
-    """`groups.parked` of a lease given back until `until` (0: claimable now)."""
-    return PARKED.parked if until > 0 else READY.parked
-
-
-# One settlement (the single calls', and a Worker round's with one): the statements of
-# `_settle` with the lease as plain parameters (:g, :t, :q) instead of a JSON array walked by
-# `json_each`. The same effects; SQLite compiles them in about half the time, and rqlite
-# compiles every statement on every node for every request.
-_HOLDS_ONE = Sql("EXISTS (SELECT 1 FROM {groups} WHERE group_id = :g AND token = :t AND head = :q)")
-# The record of the settlement if it holds (or if an earlier send applied it: it counts, so
-# that the settlement reads its outcome from this statement).
-_RECORDED_ONE_TEXT = """
-    INSERT INTO {settled} (token, seq, kind, expires_at{columns}) SELECT :t, :q, :kind, :e{values}
-    WHERE {holds} OR EXISTS (
-      SELECT 1 FROM {settled} WHERE token = :t AND seq = :q AND kind = :kind
-      AND expires_at >= :now)
-    ON CONFLICT (token, seq) DO UPDATE SET expires_at = excluded.expires_at
-    """
-_RECORDED_ONE = Sql(_RECORDED_ONE_TEXT, holds=_HOLDS_ONE, columns="", values="")
-_RECORDED_ONE_KEPT = Sql(
-    _RECORDED_ONE_TEXT, holds=_HOLDS_ONE, columns=", result, error", values=", :res, :err"
-)
-_DEAD_ONE = Sql(
-    """
-    INSERT INTO {dead} (seq, group_id, event, priority, attempts, reason, published_at,
-      dead_at, headers, keep)
-    SELECT m.seq, m.group_id, m.event, g.priority, g.attempts, :reason, m.published_at, :now,
-      m.headers, m.keep
-    FROM {groups} g JOIN {messages} m ON m.seq = g.head
-    WHERE g.group_id = :g AND g.token = :t AND g.head = :q AND m.cancel IS NULL
-    """
-)
-_DONE_ONE = Sql("DELETE FROM {messages} WHERE seq = :q AND {holds}", holds=_HOLDS_ONE)
-
-
-_FINISHED_ONE = Sql(
-    """
-    UPDATE {groups} SET {freed}, held = max(held, :h) FROM (
-      SELECT (SELECT due FROM {messages} WHERE group_id = :g ORDER BY seq LIMIT 1) d)
-    WHERE group_id = :g AND token = :t AND head = :q
-    """,
-    freed=FREED,
-)
-
-
-_CHANGED_ONE = Sql(
-    """
-    UPDATE {groups} SET ready = iif(:u <= 0, {READY.ready}, {LEASED.ready}), until = :u,
-      parked = :p, token = CASE WHEN :keep THEN token END
-    WHERE group_id = :g AND token = :t AND head = :q
-    """
-)
-
-
-def _settle_one(b: Builder, n: Names, s: Settle, now: float) -> None:
-    (held,) = s.all()
-    (kind,) = s.kinds()
-    lease = {"g": held.group_id, "t": held.token, "q": held.seq}
-    if kind:
-        params = {**lease, "kind": kind, "e": now + RETIRE_WINDOW, "now": now}
-        kept = s.kept.get(held.seq)
-        if kept is None:
-            b.add(_RECORDED_ONE(n), params, slot="recorded")
-        else:
-            params["res"], params["err"] = kept
-            b.add(_RECORDED_ONE_KEPT(n), params, slot="recorded")
-    if s.finish:
-        if s.dead:
-            b.add(_DEAD_ONE(n), {**lease, "reason": s.dead[held.seq], "now": now})
-        b.add(_DONE_ONE(n), lease)
-        params = {**lease, "h": int(held.seq in s.hold), "retire": now + RETIRE_WINDOW, "now": now}
-        b.add(_FINISHED_ONE(n), params, slot="finished")
-    if s.expired:
-        b.add(_EXPIRED(n), {"k": s.expired})
-    _giving_back(b, n, s, now)
-    if s.give_back or s.extend:
-        if s.give_back:
-            until, parked, keep = s.give_back[0][1], _parked(s.give_back[0][1]), 0
-        else:
-            until, parked, keep = s.extend_until, LEASED.parked, 1
-        b.add(_CHANGED_ONE(n), {**lease, "u": until, "p": parked, "keep": keep}, slot="changed")
 
 
 # ----------------------------------------------------------------------------- the claim
@@ -713,13 +287,14 @@ _PRUNE = (
     Sql("DELETE FROM {outcomes} WHERE expires_at < :now"),
     *PRUNE_BATCHES,
 )
+_NOTHING_TO_SETTLE = Settle()
 
 
 def round_trip(
     n: Names,
     *,
     now: float,
-    settle: Settle = Settle(),
+    settle: Settle = _NOTHING_TO_SETTLE,
     claim: Claim | None = None,
     prune: bool = False,
     returning: bool = False,
@@ -732,7 +307,11 @@ def round_trip(
     leases; that form also serves a resend, which finds the groups its token took."""
     returning = returning and claim is not None and claim.min_priority == 0 and settle.count <= 1
     b = Builder(returning=returning)
-    _settle(b, n, settle, now)
+    follow_ups(b, n, settle, now)
+    if settle.count == 1:
+        settle_one(b, n, settle, now)
+    else:
+        settle_many(b, n, settle, now)
     if prune:
         for statement in _PRUNE:
             b.add(statement(n), {"now": now})
@@ -776,92 +355,10 @@ def read_leased(reply: Reply) -> list[Leased]:
 
 
 def read_tenants_on(reply: Reply) -> bool | None:
-    """Whether the queue's tenants are on, as a claim's rows or a probe said (None: no row
-    said it)."""
-    if "probe" in reply:
-        rows = reply["probe"].rows
-        return bool(rows[0][-1]) if rows else None
+    """Whether the queue's tenants are on, as a claim's rows said (None: no row said it; a
+    probe's: `probes.read_tenants_on`)."""
     rows = reply["leased"].rows if "leased" in reply else []
     return bool(rows[0][TENANTS_COLUMN]) if rows else None
-
-
-# ---------------------------------------------------------------------------- the probe
-
-# Is anything claimable, when does the earliest lease, park or delayed head end or a
-# rate-limited tenant with work get its next token, and when is the next schedule due? A
-# leader-local read (no Raft round): a claim that would find nothing costs no Raft write (a
-# stale answer only delays a claim to the next poll). min() over the column an index is
-# ordered by: one probe of the all-ready index, or of the per-priority one from the floor up.
-# Once tenants are on, a claim without a floor finds something if a tenant with claimable
-# groups has something left of its limits. A token still to come counts (one already there is
-# a claimable tenant's, or one that cannot claim for another reason: a pause, a cap; as a time
-# past, it would wake an idle worker over and over). Its last column: whether tenants are on.
-_FIRST_READY = Sql("(SELECT min(turn) FROM {groups} WHERE {claimable})")
-_FIRST_FROM_FLOOR = Sql("(SELECT min(priority) FROM {groups} WHERE {claimable} AND priority >= :p)")
-_PAUSED = Sql("EXISTS (SELECT 1 FROM {claims} WHERE token = '')")
-_TENANTS_FLAG = Sql("""(SELECT value FROM {meta} WHERE "key" = 'tenants')""")
-_PROBE = """
-    SELECT {claimable_now} AND NOT {paused}, (
-      SELECT min(w) FROM (
-        SELECT min(until) w FROM {groups} WHERE {busy} {tokens})),
-      (SELECT min(next_at) FROM {schedules}), {tenants_on}
-    """
-_NEXT_TOKEN = Sql(
-    """
-    UNION ALL SELECT min(x.stamp + (1 - x.tokens) / x.rate) FROM {tenants} x
-      INDEXED BY {tenants_rated}
-      WHERE x.rate IS NOT NULL AND x.ready > 0 AND x.stamp + (1 - x.tokens) / x.rate > :now
-      AND {room} > 0
-    """,
-    room=ROOM,
-)
-_CLAIMABLE_FAIR = Sql(
-    """
-    CASE WHEN {tenants_on} THEN EXISTS (
-      SELECT 1 FROM {tenants} x WHERE x.ready > 0 AND {allowance} > 0)
-    ELSE {first} IS NOT NULL END
-    """,
-    tenants_on=_TENANTS_FLAG,
-    allowance=ALLOWANCE,
-    first=_FIRST_READY,
-)
-
-
-@functools.cache
-def _probe(floor: bool, tenants: bool) -> Sql:
-    """The probe without a priority floor or with one; for a client that knows tenants are
-    off (`tenants=False`: neither their allowances nor their next tokens: if they were turned
-    on meanwhile, its next claim fails on their tripwire, and both tell it)."""
-    claimable = (
-        Sql("{first} IS NOT NULL", first=_FIRST_FROM_FLOOR)
-        if floor
-        else _CLAIMABLE_FAIR
-        if tenants
-        else Sql("{first} IS NOT NULL", first=_FIRST_READY)
-    )
-    return Sql(
-        _PROBE,
-        claimable_now=claimable,
-        paused=_PAUSED,
-        tokens=_NEXT_TOKEN if tenants else "",
-        tenants_on=_TENANTS_FLAG,
-    )
-
-
-def probe_batch(n: Names, *, min_priority: int, now: float, tenants: bool = True) -> Batch:
-    b = Builder(write=False, local=True)
-    params: dict[str, Any] = {"now": now} if tenants else {}
-    if tenants:
-        params["n"] = 1
-    if min_priority:
-        params["p"] = min_priority
-    b.add(_probe(bool(min_priority), tenants)(n), params, slot="probe")
-    return b.build()
-
-
-def read_probe(reply: Reply) -> Probe:
-    ready, due, tick, _ = reply["probe"].rows[0]
-    return Probe(bool(ready), float_or_none(due), float_or_none(tick))
 
 
 # ------------------------------------------------------------------------------- plans
@@ -1012,27 +509,6 @@ def _by_index(settlement: Settlement) -> int:
     return settlement.index
 
 
-def probe(
-    core: QueueCore,
-    min_priority: int,
-    learn: Callable[[bool], None] | None = None,
-    *,
-    tenants: bool = True,
-) -> Plan[Probe]:
-    """`probe_batch` (`tenants`: the client does not know them off)."""
-    check_int(min_priority, "min_priority", 0, MAX_PRIORITY)
-    batch = probe_batch(core.names, min_priority=min_priority, now=core.now(), tenants=tenants)
-
-    def read(reply: Reply) -> Probe:
-        if learn is not None:
-            on = read_tenants_on(reply)
-            if on is not None:
-                learn(on)
-        return read_probe(reply)
-
-    return Plan(batch, read)
-
-
 def steps(
     core: QueueCore,
     checked: CheckedRound,
@@ -1056,7 +532,7 @@ def steps(
     floor = checked.min_priority
     claims_alone = probe_when_idle and not checked.settlements
     if claims_alone and known.idle.get(floor):
-        found: Probe = yield probe(core, floor, known.learn, tenants=known.tenants_on)
+        found: Probe = yield probes.plan(core, floor, known.learn, tenants=known.tenants_on)
         due = found.next_due is not None and found.next_due <= core.clock()
         if not (found.claimable or due):
             return Round()

@@ -57,8 +57,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..errors import BackendError, OutcomeUnknown, SchemaError
-from .batches import SHAPE as BATCH_TABLES
-from .batches import TABLES
+from .batch_tables import SHAPE as BATCH_TABLES
+from .batch_tables import TABLES
 from .core import QueueCore
 from .names import Names, Sql, as_json
 from .plan import Batch, Builder, Plan, Reply, Statement, Steps
@@ -417,7 +417,7 @@ MIGRATIONS: dict[int, tuple[Sql, ...]] = {
         ),
         *OUTCOMES_TABLES,
     ),
-    # v7 -> v8: batches (batches.py): their rows (the triggers that finish them are made
+    # v7 -> v8: batches (batch_tables.py): their rows (the triggers that finish them are made
     # with the first batch that needs them); a message's batch; on the outbox, a message's
     # batch and the counts sent to another shard. v7 clients are fenced out of a v8 queue (a
     # v7 settlement would not count in its message's batch).

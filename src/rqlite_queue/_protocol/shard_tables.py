@@ -145,7 +145,7 @@ class OutboxRow:
     id: int
     message: NewMessage
     counts: str | None = None
-    """A settlement's counts for a batch of another shard (batches.Counts; then `message` is
+    """A settlement's counts for a batch of another shard (batch_counts.Counts; then `message` is
     none)."""
 
     @property

@@ -21,12 +21,13 @@ from .._io.urllib3_client import Urllib3Client
 from .._job import error_of
 from .._protocol import (
     admin,
+    batch_status,
     batches,
     jobs,
     messages,
+    probes,
     publish,
     round_spec,
-    rounds,
     schedules,
     sharding,
     tenants,
@@ -343,7 +344,7 @@ class Transport:
         """A look without a Raft round (a read of the leader's copy, no write): is a group
         claimable now, when does the earliest lease, park or delayed head end, when is the next
         schedule due?"""
-        plan = rounds.probe(self._core, min_priority)
+        plan = probes.plan(self._core, min_priority)
         return self.router.gather(plan, self._by(), sharding.probe_of, workers=True)
 
     def settle_and_claim(
@@ -557,7 +558,7 @@ class Transport:
         cancelled), its first failures with their reasons. None for a batch this queue
         does not know (never made, or forgotten `keep` seconds after it was done). A read
         (no Raft entry)."""
-        plan = batches.status_plan(self._core, batch_id, sharded=self.router.cluster is None)
+        plan = batch_status.status_plan(self._core, batch_id, sharded=self.router.cluster is None)
         return self.router.on_batch(batch_id, plan, self._by())
 
     def batches(
@@ -565,7 +566,7 @@ class Transport:
     ) -> list[BatchStatus]:
         """A page of the batches (of `state`: `open`, `closed` or `done`), oldest first (ids
         sort by creation): pass the last id of a page as `after` for the next one."""
-        plan = batches.list_plan(self._core, state=state, limit=limit, after=after)
+        plan = batch_status.list_plan(self._core, state=state, limit=limit, after=after)
         return self.router.gather(plan, self._by(), sharding.batches_of(limit))
 
     # ------------------------------------------------------------------------ schedules

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
-from .._protocol import rounds
+from .._protocol import probes
 from .._protocol.core import QueueCore
 from .._protocol.plan import Plan
 from .._protocol.sharding import ShardHealth
@@ -90,7 +90,7 @@ class ShardCalls:
         while self._health.down() and not self._core.closed:
             for name in self._health.due(time.monotonic()):
                 try:
-                    plan = rounds.probe(self._core, 0)
+                    plan = probes.plan(self._core, 0)
                     self.backends[name].run(plan, time.monotonic() + PROBE_DEADLINE)
                 except QueueError:
                     self._health.probed(name, time.monotonic(), answered=False)
