@@ -808,17 +808,8 @@ class RqliteTransport(Transport):
         refused_timeout: float | None = None,
         keep: float | None = None,
     ) -> None:
-        core = QueueCore(
-            queue=queue,
-            codec=codec,
-            clock=clock,
-            token=_token,
-            chance=random.random,
-            max_payload_bytes=max_payload_bytes,
-            dedup_window=dedup_window,
-            dedup_key=dedup_key,
-            max_skew=max_skew,
-            keep=keep,
+        core = _core(
+            queue, codec, clock, max_payload_bytes, dedup_window, dedup_key, keep, max_skew
         )
         backend = _rqlite_backend(
             url,
@@ -851,17 +842,7 @@ class SqliteTransport(Transport):
         dedup_key: Callable[[Any], str | None] | None = None,
         keep: float | None = None,
     ) -> None:
-        core = QueueCore(
-            queue=queue,
-            codec=codec,
-            clock=clock,
-            token=_token,
-            chance=random.random,
-            max_payload_bytes=max_payload_bytes,
-            dedup_window=dedup_window,
-            dedup_key=dedup_key,
-            keep=keep,
-        )
+        core = _core(queue, codec, clock, max_payload_bytes, dedup_window, dedup_key, keep)
         backend = _sqlite_backend(path, core, busy_timeout=busy_timeout)
         super().__init__(ClusterRouter(backend), core, deadline=deadline)
 
@@ -902,17 +883,8 @@ class ShardedTransport(Transport):
         unknown = set(options) - allowed
         if unknown:
             raise TypeError(f"unexpected keyword argument(s): {', '.join(sorted(unknown))}")
-        core = QueueCore(
-            queue=queue,
-            codec=codec,
-            clock=clock,
-            token=_token,
-            chance=random.random,
-            max_payload_bytes=max_payload_bytes,
-            dedup_window=dedup_window,
-            dedup_key=dedup_key,
-            max_skew=max_skew,
-            keep=keep,
+        core = _core(
+            queue, codec, clock, max_payload_bytes, dedup_window, dedup_key, keep, max_skew
         )
         if isinstance(shards, Mapping):
             backends = _given_backends(shards, queue)
@@ -978,6 +950,32 @@ class ShardedTransport(Transport):
 
 def _token() -> str:
     return uuid.uuid4().hex
+
+
+def _core(
+    queue: str,
+    codec: Codec | type[Any] | None,
+    clock: Callable[[], float],
+    max_payload_bytes: int,
+    dedup_window: float,
+    dedup_key: Callable[[Any], str | None] | None,
+    keep: float | None,
+    max_skew: float | None = DEFAULT_MAX_SKEW,
+) -> QueueCore:
+    """A transport's configuration, checked, with this process's claim tokens and chance (the
+    protocol draws neither)."""
+    return QueueCore(
+        queue=queue,
+        codec=codec,
+        clock=clock,
+        token=_token,
+        chance=random.random,
+        max_payload_bytes=max_payload_bytes,
+        dedup_window=dedup_window,
+        dedup_key=dedup_key,
+        max_skew=max_skew,
+        keep=keep,
+    )
 
 
 def _follow_ups(lease: Lease, items: FollowUps) -> list[tuple[Lease, FollowUps]]:
