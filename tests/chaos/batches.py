@@ -25,10 +25,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-import multiprocessing
 import os
 import random
-import signal
 import sqlite3
 import threading
 import time
@@ -38,12 +36,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rqlite_queue import Lease, QueueError, Transport, Worker
+from rqlite_queue import Lease, Transport, Worker
 from rqlite_queue.testing import Cluster
+
+from .harness import (
+    KILL_LEADER,
+    KILL_WORKER,
+    SHARD_OUTAGE,
+    WorkerProcesses,
+    drained,
+    log_lines,
+    open_clusters,
+    run_faults,
+    shard_fault,
+    stop_when,
+)
 
 BATCHES, COUNTER = "batches", "counter"
 QUICK, FAIL, GROW = "quick", "fail", "grow"
-KILL_WORKER, KILL_LEADER, SHARD_OUTAGE = "kill_worker", "kill_leader", "shard_outage"
 CALLBACKS = "callbacks"
 CLAIM_SLACK = 0.05
 """A run of a message logged this long after its batch's callback was claimed still counts as
@@ -235,7 +245,7 @@ def batch_worker(
         max_attempts=config.max_attempts,
         worker_id=f"p{seed}",
     )
-    threading.Thread(target=_stop_when, args=(stop_path, worker), daemon=True).start()
+    threading.Thread(target=stop_when, args=(stop_path, worker), daemon=True).start()
     worker.run(handle_signals=False)
     q.close()
 
@@ -252,19 +262,10 @@ def publish_callbacks(q: Transport, b: int, succeeded: int, failed: int) -> None
     q.publish_many(items)
 
 
-def _stop_when(path: str, worker: Worker) -> None:
-    while not os.path.exists(path):
-        time.sleep(0.1)
-    worker.stop()
-
-
 def run_batches(config: BatchesConfig, rqlited: str, tmp: Path) -> BatchesReport:
     report = BatchesReport(config)
     with contextlib.ExitStack() as stack:
-        clusters = [stack.enter_context(Cluster(3, binary=rqlited)) for _ in range(2)]
-        for cluster in clusters:
-            cluster.wait_ready()
-        url = ";".join(f"s{k}={c.url}" for k, c in enumerate(clusters))
+        clusters, url = open_clusters(stack, rqlited, 2)
         _run(config, clusters, url, tmp, report)
     return report
 
@@ -317,86 +318,38 @@ def _run(
     counter_path = str(tmp / "counts.db")
     started = time.monotonic()
     ids = _publish(config, plan, url, queue, counter_path)
-    spawn = multiprocessing.get_context("spawn")
     stop_path = str(tmp / "stop")
     logs = [str(tmp / f"w{k}.log") for k in range(config.processes)]
+    workers = WorkerProcesses(
+        batch_worker,
+        lambda k: (
+            url,
+            queue,
+            config,
+            logs[k],
+            counter_path,
+            stop_path,
+            config.seed * 100 + k + rng.random(),
+        ),
+        config.processes,
+        stop_path,
+    )
 
-    def start(k: int) -> multiprocessing.process.BaseProcess:
-        process = spawn.Process(
-            target=batch_worker,
-            args=(
-                url,
-                queue,
-                config,
-                logs[k],
-                counter_path,
-                stop_path,
-                config.seed * 100 + k + rng.random(),
-            ),
-            name=f"w{k}",
-        )
-        process.start()
-        return process
+    def inject(i: int, kind: str) -> None:
+        shard_fault(kind, i, workers, clusters, rng, config.outage)
 
-    processes = [start(k) for k in range(config.processes)]
     try:
-        time.sleep(1.5)
-        for i in range(config.faults):
-            kind = config.fault_kinds[i % len(config.fault_kinds)]
-            report.faults.append(kind)
-            if kind == KILL_WORKER:
-                k = rng.randrange(len(processes))
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(processes[k].pid or 0, signal.SIGKILL)
-                processes[k].join(10)
-                processes[k] = start(k)
-            elif kind == KILL_LEADER:
-                cluster = clusters[i % 2]
-                leader = cluster.leader(timeout=30)
-                leader.kill()
-                time.sleep(1.0)
-                leader.restart()
-                cluster.leader(timeout=30)
-            else:  # the second cluster down whole, then back
-                down = clusters[1]
-                for node in down.nodes:
-                    node.kill()
-                time.sleep(config.outage)
-                for node in down.nodes:
-                    node.restart()
-                down.leader(timeout=30)
-            time.sleep(rng.uniform(*config.gap))
-        report.remaining = _drained(url, queue, time.monotonic() + config.time_limit)
+        run_faults(
+            config.fault_kinds, config.faults, config.gap, rng, inject, report.faults, started=1.5
+        )
+        report.remaining = drained(
+            url, queue, time.monotonic() + config.time_limit, again_after=1.0
+        )
         report.seconds = time.monotonic() - started
     finally:
-        Path(stop_path).touch()
-        for process in processes:
-            process.join(30)
-            if process.is_alive():
-                process.kill()
-                process.join(10)
+        workers.stop()
     statuses = _statuses(url, queue, ids) if config.mode == BATCHES else {}
     _check(report, plan, logs, statuses)
-
-
-def _drained(url: str, queue: str, give_up: float) -> int:
-    """Wait until nothing is left but the callbacks handled (outboxes included)."""
-    with Transport.from_url(url, queue=queue, deadline=20) as q:
-        left = -1
-        while time.monotonic() < give_up:
-            try:
-                stats = q.stats()
-            except QueueError:
-                time.sleep(0.5)
-                continue
-            left = stats.depth + stats.outbox
-            if left == 0:
-                time.sleep(1.0)  # a callback the last forward is bringing
-                stats = q.stats()
-                if stats.depth + stats.outbox == 0:
-                    return 0
-            time.sleep(0.5)
-        return left
 
 
 def _statuses(url: str, queue: str, ids: dict[int, str]) -> dict[int, Any]:
@@ -413,25 +366,22 @@ def _check(report: BatchesReport, plan: Plan, logs: list[str], statuses: dict[in
         dict
     )  # (b, kind): message: first claim
     counts: dict[tuple[int, str], list[int]] = {}
-    for path in logs:
-        with contextlib.suppress(FileNotFoundError), open(path) as f:
-            for line in f:
-                parts = line.split()
-                try:
-                    if parts[0] == "run" and len(parts) == 6:
-                        runs[parts[2]].append(float(parts[5]))
-                        report.runs += 1
-                        report.again += int(parts[4]) > 1
-                    elif parts[0] in ("end", "fail") and len(parts) == 4:
-                        ends[parts[2]].append(float(parts[3]))
-                    elif parts[0] == "cb" and len(parts) >= 6:
-                        key = (int(parts[1]), parts[2])
-                        at = float(parts[4])
-                        seen = callbacks[key]
-                        seen[parts[3]] = min(seen.get(parts[3], at), at)
-                        counts[key] = json.loads(" ".join(parts[5:]))
-                except (ValueError, IndexError):
-                    continue  # a line cut short by a SIGKILL
+    for parts in log_lines(logs):
+        try:
+            if parts[0] == "run" and len(parts) == 6:
+                runs[parts[2]].append(float(parts[5]))
+                report.runs += 1
+                report.again += int(parts[4]) > 1
+            elif parts[0] in ("end", "fail") and len(parts) == 4:
+                ends[parts[2]].append(float(parts[3]))
+            elif parts[0] == "cb" and len(parts) >= 6:
+                key = (int(parts[1]), parts[2])
+                at = float(parts[4])
+                seen = callbacks[key]
+                seen[parts[3]] = min(seen.get(parts[3], at), at)
+                counts[key] = json.loads(" ".join(parts[5:]))
+        except (ValueError, IndexError):
+            continue  # a line cut short by a SIGKILL
     report.callbacks = sum(len(seen) for seen in callbacks.values())
     for b, members in plan.members.items():
         succeeded, failed = plan.expected(b)

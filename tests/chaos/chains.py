@@ -16,10 +16,8 @@ Two ways to produce the next hop, run under the same faults:
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 import os
 import random
-import signal
 import threading
 import time
 import uuid
@@ -28,18 +26,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rqlite_queue import Lease, QueueError, Transport, Worker
+from rqlite_queue import Lease, Transport, Worker
 from rqlite_queue.testing import Cluster
 
+from .harness import (
+    KILL_LEADER,
+    KILL_WORKER,
+    WorkerProcesses,
+    drained,
+    kill_leader,
+    log_lines,
+    open_clusters,
+    run_faults,
+    stop_when,
+)
 from .network import Network, private_network, why_unavailable
 
 FOLLOW_UPS, PUBLISH_THEN_ACK = "follow_ups", "publish_then_ack"
-KILL_LEADER, PAUSE_LEADER, PARTITION_LEADER, KILL_WORKER = (
-    "kill_leader",
-    "pause_leader",
-    "partition_leader",
-    "kill_worker",
-)
+PAUSE_LEADER, PARTITION_LEADER = "pause_leader", "partition_leader"
 
 
 @dataclass
@@ -127,16 +131,10 @@ def chain_worker(
         follow_ups=config.mode == FOLLOW_UPS,
         worker_id=f"p{seed}",
     )
-    stopper = threading.Thread(target=_stop_when, args=(stop_path, worker), daemon=True)
+    stopper = threading.Thread(target=stop_when, args=(stop_path, worker), daemon=True)
     stopper.start()
     worker.run(handle_signals=False)
     q.close()
-
-
-def _stop_when(path: str, worker: Worker) -> None:
-    while not os.path.exists(path):
-        time.sleep(0.1)
-    worker.stop()
 
 
 def run_chains(config: ChainConfig, rqlited: str, tmp: Path) -> ChainReport:
@@ -148,24 +146,7 @@ def run_chains(config: ChainConfig, rqlited: str, tmp: Path) -> ChainReport:
         report.skipped = f"partitions skipped: {reason}"
     with contextlib.ExitStack() as stack:
         net = stack.enter_context(private_network(3)) if wants_network else None
-        clusters = [
-            stack.enter_context(
-                Cluster(
-                    3,
-                    binary=rqlited,
-                    hosts=net.hosts if net is not None and k == 0 else None,
-                    wrappers=net.wrappers if net is not None and k == 0 else None,
-                )
-            )
-            for k in range(config.shards)
-        ]
-        for cluster in clusters:
-            cluster.wait_ready()
-        url = (
-            clusters[0].url
-            if config.shards == 1
-            else ";".join(f"s{k}={c.url}" for k, c in enumerate(clusters))
-        )
+        clusters, url = open_clusters(stack, rqlited, config.shards, net)
         _run(config, kinds, clusters, net, url, tmp, report)
     return report
 
@@ -188,53 +169,37 @@ def _run(
                 for c in range(config.chains)
             ]
         )
-    spawn = multiprocessing.get_context("spawn")
     stop_path = str(tmp / "stop")
     logs = [str(tmp / f"p{k}.log") for k in range(config.processes)]
+    workers = WorkerProcesses(
+        chain_worker,
+        lambda k: (url, queue, config, logs[k], stop_path, config.seed * 100 + k + rng.random()),
+        config.processes,
+        stop_path,
+        prefix="p",
+    )
 
-    def start(k: int) -> multiprocessing.process.BaseProcess:
-        process = spawn.Process(
-            target=chain_worker,
-            args=(url, queue, config, logs[k], stop_path, config.seed * 100 + k + rng.random()),
-            name=f"p{k}",
-        )
-        process.start()
-        return process
-
-    processes = [start(k) for k in range(config.processes)]
-    try:
-        time.sleep(1.5)  # the workers have started
-        for i in range(config.faults):
-            kind = kinds[i % len(kinds)]
+    def inject(i: int, kind: str) -> None:
+        if kind == KILL_WORKER:
+            workers.kill_one(rng)
+        else:
             cluster = clusters[0 if kind == PARTITION_LEADER else i % len(clusters)]
-            report.faults.append(kind)
-            if kind == KILL_WORKER:
-                k = rng.randrange(len(processes))
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(processes[k].pid or 0, signal.SIGKILL)
-                processes[k].join(10)
-                processes[k] = start(k)
-            else:
-                _node_fault(kind, cluster, net, config)
-            time.sleep(rng.uniform(*config.gap))
-        report.remaining = _drained(url, queue, time.monotonic() + config.time_limit)
+            _node_fault(kind, cluster, net, config)
+
+    try:
+        run_faults(kinds, config.faults, config.gap, rng, inject, report.faults, started=1.5)
+        report.remaining = drained(url, queue, time.monotonic() + config.time_limit)
     finally:
-        Path(stop_path).touch()
-        for process in processes:
-            process.join(30)
-            if process.is_alive():
-                process.kill()
-                process.join(10)
+        workers.stop()
     _check(report, logs)
 
 
 def _node_fault(kind: str, cluster: Cluster, net: Network | None, config: ChainConfig) -> None:
-    leader = cluster.leader(timeout=30)
     if kind == KILL_LEADER:
-        leader.kill()
-        time.sleep(1.0)
-        leader.restart()
-    elif kind == PAUSE_LEADER:
+        kill_leader(cluster)
+        return
+    leader = cluster.leader(timeout=30)
+    if kind == PAUSE_LEADER:
         leader.pause()
         time.sleep(config.pause)
         leader.resume()
@@ -247,40 +212,15 @@ def _node_fault(kind: str, cluster: Cluster, net: Network | None, config: ChainC
     cluster.leader(timeout=30)
 
 
-def _drained(url: str, queue: str, give_up: float) -> int:
-    """Wait until nothing is left (outboxes included); what is left then."""
-    with Transport.from_url(url, queue=queue, deadline=20) as q:
-        left = -1
-        while time.monotonic() < give_up:
-            try:
-                stats = q.stats()
-            except QueueError:
-                time.sleep(0.5)
-                continue
-            left = stats.depth + stats.outbox
-            if left == 0:
-                return 0
-            time.sleep(0.5)
-        return left
-
-
 def _check(report: ChainReport, logs: list[str]) -> None:
     messages: dict[tuple[int, int], set[str]] = defaultdict(set)
-    for path in logs:
-        with contextlib.suppress(FileNotFoundError), open(path) as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) != 4:
-                    continue  # a line cut short by a SIGKILL
-                chain, hop, message, attempts = (
-                    int(parts[0]),
-                    int(parts[1]),
-                    parts[2],
-                    int(parts[3]),
-                )
-                report.deliveries += 1
-                report.redelivered += attempts > 1
-                messages[(chain, hop)].add(message)
+    for parts in log_lines(logs):
+        if len(parts) != 4:
+            continue  # a line cut short by a SIGKILL
+        chain, hop, message, attempts = int(parts[0]), int(parts[1]), parts[2], int(parts[3])
+        report.deliveries += 1
+        report.redelivered += attempts > 1
+        messages[(chain, hop)].add(message)
     config = report.config
     for chain in range(config.chains):
         for hop in range(config.hops):

@@ -15,10 +15,8 @@ Checked at the end:
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 import os
 import random
-import signal
 import threading
 import time
 import uuid
@@ -32,10 +30,19 @@ from rqlite_queue.testing import Cluster
 from rqlite_queue.types import JobResult
 from rqlite_queue.worker import current_job
 
-from .chains import _stop_when
+from .harness import (
+    KILL_LEADER,
+    KILL_WORKER,
+    SHARD_OUTAGE,
+    WorkerProcesses,
+    log_lines,
+    open_clusters,
+    run_faults,
+    shard_fault,
+    stop_when,
+)
 
 QUICK, FAIL, LONG = "quick", "fail", "long"
-KILL_WORKER, KILL_LEADER, SHARD_OUTAGE = "kill_worker", "kill_leader", "shard_outage"
 CLAIM_SLACK = 0.05
 """A claim logged this long after a cancel returned still counts as before it (the two
 processes' clocks are the machine's; the claim's time is its lease's deadline less its
@@ -138,7 +145,7 @@ def jobs_worker(url: str, queue: str, config: JobsConfig, log_path: str, stop_pa
         heartbeat_interval=config.heartbeat,
         max_attempts=2,
     )
-    threading.Thread(target=_stop_when, args=(stop_path, worker), daemon=True).start()
+    threading.Thread(target=stop_when, args=(stop_path, worker), daemon=True).start()
     worker.run(handle_signals=False)
     q.close()
 
@@ -146,10 +153,7 @@ def jobs_worker(url: str, queue: str, config: JobsConfig, log_path: str, stop_pa
 def run_jobs(config: JobsConfig, rqlited: str, tmp: Path) -> JobsReport:
     report = JobsReport(config)
     with contextlib.ExitStack() as stack:
-        clusters = [stack.enter_context(Cluster(3, binary=rqlited)) for _ in range(2)]
-        for cluster in clusters:
-            cluster.wait_ready()
-        url = ";".join(f"s{k}={c.url}" for k, c in enumerate(clusters))
+        clusters, url = open_clusters(stack, rqlited, 2)
         _run(config, clusters, url, tmp, report)
     return report
 
@@ -172,18 +176,11 @@ def _run(
         seqs = q.publish_many(items)
         shard_of = {j: q.shard_of(items[j]["group_id"]) for j in range(config.jobs)}  # type: ignore[attr-defined]
     where = {j: (str(items[j]["group_id"]), seqs[j]) for j in range(config.jobs)}
-    spawn = multiprocessing.get_context("spawn")
     stop_path = str(tmp / "stop")
     logs = [str(tmp / f"w{k}.log") for k in range(config.processes)]
-
-    def start(k: int) -> multiprocessing.process.BaseProcess:
-        process = spawn.Process(
-            target=jobs_worker, args=(url, queue, config, logs[k], stop_path), name=f"w{k}"
-        )
-        process.start()
-        return process
-
-    processes = [start(k) for k in range(config.processes)]
+    workers = WorkerProcesses(
+        jobs_worker, lambda k: (url, queue, config, logs[k], stop_path), config.processes, stop_path
+    )
     done = threading.Event()
     seen: dict[int, list[tuple[float, JobResult | None]]] = defaultdict(list)
     observer = threading.Thread(target=_observe, args=(url, queue, where, seen, done, report))
@@ -192,44 +189,20 @@ def _run(
     )
     observer.start()
     canceller.start()
+
+    def inject(i: int, kind: str) -> None:
+        shard_fault(kind, i, workers, clusters, rng, config.outage)
+
     try:
-        time.sleep(1.0)
-        for i in range(config.faults):
-            kind = config.fault_kinds[i % len(config.fault_kinds)]
-            report.faults.append(kind)
-            if kind == KILL_WORKER:
-                k = rng.randrange(len(processes))
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(processes[k].pid or 0, signal.SIGKILL)
-                processes[k].join(10)
-                processes[k] = start(k)
-            elif kind == KILL_LEADER:
-                cluster = clusters[i % 2]
-                leader = cluster.leader(timeout=30)
-                leader.kill()
-                time.sleep(1.0)
-                leader.restart()
-                cluster.leader(timeout=30)
-            else:  # the second cluster down whole, then back
-                down = clusters[1]
-                for node in down.nodes:
-                    node.kill()
-                time.sleep(config.outage)
-                for node in down.nodes:
-                    node.restart()
-                down.leader(timeout=30)
-            time.sleep(rng.uniform(*config.gap))
+        run_faults(
+            config.fault_kinds, config.faults, config.gap, rng, inject, report.faults, started=1.0
+        )
         _wait_final(url, queue, where, time.monotonic() + config.time_limit, report)
     finally:
         done.set()
         observer.join(60)
         canceller.join(60)
-        Path(stop_path).touch()
-        for process in processes:
-            process.join(30)
-            if process.is_alive():
-                process.kill()
-                process.join(10)
+        workers.stop()
     _check(report, kinds, shard_of, seen, logs)
 
 
@@ -308,14 +281,11 @@ def _check(
 ) -> None:
     starts: dict[int, list[float]] = defaultdict(list)
     told: set[int] = set()
-    for path in logs:
-        with contextlib.suppress(FileNotFoundError), open(path) as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) == 4 and parts[0] == "start":
-                    starts[int(parts[1])].append(float(parts[3]))
-                elif len(parts) == 3 and parts[0] == "told":
-                    told.add(int(parts[1]))
+    for parts in log_lines(logs):
+        if len(parts) == 4 and parts[0] == "start":
+            starts[int(parts[1])].append(float(parts[3]))
+        elif len(parts) == 3 and parts[0] == "told":
+            told.add(int(parts[1]))
     report.told = len(told)
     cancels = {c.job: c for c in report.cancels if c.returned is not None}
     bad = report.violations
