@@ -294,8 +294,8 @@ def drop_queues(url: str, queues: set[str]) -> None:
 
 
 def _post(http: urllib3.PoolManager, nodes: list[str], path: str, body: object) -> Any:
-    """POST to the first node that answers with JSON: right after a test's faults, or under
-    load, a node may say 'leader not found' (in plain text) while its cluster elects."""
+    """POST to the first node that answers with JSON results: right after a test's faults, or
+    under load, a node may say 'leader not found' (in plain text) while its cluster elects."""
     deadline = time.monotonic() + 30.0
     while True:
         for node in nodes:
@@ -307,8 +307,11 @@ def _post(http: urllib3.PoolManager, nodes: list[str], path: str, body: object) 
                     headers={"Content-Type": "application/json"},
                     retries=False,
                 )
-                if reply.status == 200:
-                    return json.loads(reply.data)
+                answer = json.loads(reply.data) if reply.status == 200 else None
+                # A 200 can still carry no result (seen under load, after a test's faults):
+                # asked again, the cluster answers.
+                if isinstance(answer, dict) and answer.get("results"):
+                    return answer
                 problem = f"{reply.status} {reply.data[:200]!r}"
             except urllib3.exceptions.HTTPError as error:
                 problem = repr(error)
