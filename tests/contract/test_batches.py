@@ -160,6 +160,39 @@ async def test_a_callback_keeps_its_options_and_headers(q: Any, clock: FakeClock
     assert callback.completed_batch is not None and callback.completed_batch.id == batch.id
 
 
+async def test_a_callback_keeps_its_outcome_for_its_keep(q: Any, clock: FakeClock) -> None:
+    """A callback takes `keep` as a publish does: its outcome (its handler's result) is kept
+    that long after it settles; one without it keeps none (the transport's default: none)."""
+    complete = {"group_id": "done", "event": "all", "keep": 60}
+    async with q.batch(on_complete=complete, on_success=("ok", "fine")) as batch:
+        batch.publish("a", 1)
+    await drain(q)
+    made = {lease.group_id: lease for lease in await q.claim_many("w", 30, 10)}
+    assert set(made) == {"done", "ok"}
+    assert (await q.result("done", made["done"].seq)).status == "running"
+    await q.ack(made["done"], result={"summed": 1})
+    await q.ack(made["ok"], result="not kept")
+    found = await q.result("done", made["done"].seq)
+    assert (found.status, found.result) == ("succeeded", {"summed": 1})
+    assert await q.result("ok", made["ok"].seq) is None
+    clock.advance(61)
+    assert await q.result("done", made["done"].seq) is None
+
+
+async def test_callbacks_keep_their_outcomes_for_the_transports_keep(make_queue: Any) -> None:
+    q = await make_queue(keep=600)
+    async with q.batch(
+        on_complete=DONE, on_success={"group_id": "ok", "event": 1, "keep": 0}
+    ) as batch:
+        batch.publish("a", 1)
+    await drain(q)
+    made = {lease.group_id: lease for lease in await q.claim_many("w", 30, 10)}
+    for lease in made.values():
+        await q.ack(lease, result=lease.group_id)
+    assert (await q.result("done", made["done"].seq)).result == "done"
+    assert await q.result("ok", made["ok"].seq) is None  # keep 0: not kept
+
+
 async def test_an_exception_in_the_block_writes_nothing(q: Any) -> None:
     with pytest.raises(RuntimeError):
         async with q.batch(on_complete=DONE) as batch:
@@ -720,6 +753,10 @@ async def test_the_last_settlement_sent_again_publishes_the_callback_once(q: Any
         ),
         pytest.param({"on_complete": ("", 1)}, id="an empty group id"),
         pytest.param({"on_complete": ("g", 1, 9)}, id="a bad priority"),
+        pytest.param({"on_complete": {"group_id": "g", "event": 1, "keep": -1}}, id="a bad keep"),
+        pytest.param(
+            {"on_success": {"group_id": "g", "event": 1, "keep": float("inf")}}, id="keep inf"
+        ),
         pytest.param({"keep": 0}, id="keep 0"),
         pytest.param({"keep": float("nan")}, id="keep nan"),
         pytest.param({"parent": "not-an-id"}, id="a parent that is no batch id"),

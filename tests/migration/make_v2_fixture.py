@@ -16,6 +16,7 @@ import json
 import sqlite3
 import sys
 from pathlib import Path
+from typing import Any
 
 from rqlite_queue import SqliteTransport
 
@@ -137,6 +138,9 @@ def make(version: int) -> int:
         jobs.nack(claimed["q"], 0)
         assert jobs.cancel("c", kept["cancelling"], "stopped") == "cancelling"
         jobs.close()
+    batched: dict[str, Any] = {}
+    if version >= 8:
+        batched = _batches(path, clock)
     stats = q.stats()
     q.close()
     with sqlite3.connect(path) as db:
@@ -155,6 +159,7 @@ def make(version: int) -> int:
             *(["limited"] if version >= 5 else []),
             *(["headed"] if version >= 6 else []),
             *(["jobs"] if version >= 7 else []),
+            *(["batched", "sharded"] if version >= 8 else []),
         ],
         "leased": {
             "seq": leased.seq,
@@ -169,6 +174,7 @@ def make(version: int) -> int:
         "dedup_window_ends": clock.now + 300,
         "schedule_next_at": T0 + 1 + 30,
         **({"kept": kept} if version >= 7 else {}),
+        **({"batched": batched} if version >= 8 else {}),
         "stats": {
             "depth": stats.depth,
             "groups": stats.groups,
@@ -180,6 +186,47 @@ def make(version: int) -> int:
     (HERE / f"v{version}.json").write_text(json.dumps(facts, indent=2) + "\n")
     print(json.dumps(facts, indent=2))
     return 0
+
+
+def _batches(path: Path, clock: Clock) -> dict[str, Any]:
+    """What only v8 has: batches. In the queue `batched` (one cluster: the trigger that
+    publishes callbacks here), a batch with both callbacks, one of its three messages acked,
+    and a batch done (its callback published); in `sharded`, the tables of shard `a` of a
+    sharded queue (the trigger that writes callbacks to the outbox), a batch living there with
+    a message pending."""
+    from rqlite_queue import ShardedTransport
+
+    found: dict[str, Any] = {}
+    batched = SqliteTransport(str(path), clock, queue="batched")
+    with batched.batch(on_complete=("done", "early")) as finished:
+        finished.publish("x", 0)
+    batched.ack(_claim(batched, "x", "w7", 30))
+    assert [e for _, e in batched.peek("done")] == ["early"]
+    with batched.batch(on_complete=("done", "complete"), on_success=("ok", "success")) as open_:
+        open_.publish_many([("m", 0), ("m", 1), ("n", 2)])
+    batched.ack(_claim(batched, "done", "w7", 30))  # the first callback, handled
+    batched.ack(_claim(batched, "m", "w7", 30))
+    found["open"], found["done"] = open_.id, finished.id
+    batched.close()
+    other = path.with_name("v8-shard-b.db")
+    sharded = ShardedTransport(
+        f"a=sqlite:///{path};b=sqlite:///{other}", queue="sharded", clock=clock, max_skew=None
+    )
+    for _ in range(100):  # a batch on shard a (the one kept), its message in a group there
+        with sharded.batch(on_complete=("cb", "sharded complete")) as made:
+            pass
+        if made.id.startswith("a/"):
+            break
+    else:
+        raise AssertionError("no batch on shard a")
+    group = next(f"s{i}" for i in range(100) if sharded.shard_of(f"s{i}") == "a")
+    with sharded.batch(on_complete=(group, "sharded complete")) as on_a:
+        on_a.publish(group, 0)
+    assert on_a.id.startswith("a/"), on_a.id
+    found["sharded"], found["sharded_group"] = on_a.id, group
+    sharded.close()
+    other.unlink()
+    return found
 
 
 def _commit() -> str:

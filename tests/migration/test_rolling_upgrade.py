@@ -47,7 +47,7 @@ import rqlite_queue
 from rqlite_queue._protocol import schema
 from rqlite_queue.testing import Cluster
 
-PREVIOUS = "a579fd23e8bbc5cd374acac7bbe7aa3fd40e576f"
+PREVIOUS = "fcabb10bd754b01a05ef3694edd6b1625c62fa34"
 """The commit whose code is the previous schema version's (its SCHEMA_VERSION is this one's
 less one; the test checks). Choose the last commit before the one that raised SCHEMA_VERSION:
 `git log -S "SCHEMA_VERSION = N" --oneline -- src/rqlite_queue/_protocol/` names the
@@ -55,7 +55,8 @@ commit that raised it to N; take its parent, if its code runs. For v6 that is no
 parent of 6f35214 (which raised it) is cfc8ae6, and it and eaf7b3e are v5 commits whose sql.py
 and core.py lag their params.py (a publish fails there), so PREVIOUS is eaf7b3e's parent,
 7d8bf89: the last v5 code that runs. It predates the schema fence (eaf7b3e), so its running
-clients are not refused. For v8 (batches) it is a579fd2, issue 32's last code change at v7."""
+clients are not refused. For v8 (batches) it is a579fd2, issue 32's last code change at v7;
+for v9 (callbacks keep their outcomes) fcabb10, the last commit at v8."""
 
 ROOT = Path(__file__).resolve().parents[2]
 CLIENT = Path(__file__).resolve().parent / "rolling_client.py"

@@ -1,8 +1,9 @@
-"""The upgrade path, tested from real older databases: `fixtures/v1.db` to `v7.db` were
-written by the schema-v1 to v7 code (see `make_v1_fixture.py` to `make_v7_fixture.py`), with a
+"""The upgrade path, tested from real older databases: `fixtures/v1.db` to `v8.db` were
+written by the schema-v1 to v8 code (see `make_v1_fixture.py` to `make_v8_fixture.py`), with a
 message leased, one parked, one lapsed, one dead-lettered and deduplicated publishes in them
 (and, since v2, a schedule and a held group; since v4, a queue whose tenants are on; since v5, a
-tenant's limits and a debounced message; since v6, headers; in v7, jobs). Opened by this
+tenant's limits and a debounced message; since v6, headers; since v7, jobs; in v8, batches).
+Opened by this
 code (several clients racing to upgrade it, on SQLite and on a 3-node rqlite), every one of
 them behaves as before."""
 
@@ -26,7 +27,7 @@ from rqlite_queue.errors import QueueFull
 from rqlite_queue.testing import Cluster
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
-VERSIONS = ["v1", "v2", "v3", "v4", "v5", "v6", "v7"]
+VERSIONS = ["v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8"]
 RACERS = 4
 
 
@@ -259,7 +260,7 @@ def test_a_v4_queue_with_tenants_on_keeps_them_and_takes_limits(
     """Schema v5: a queue whose tenants were on keeps its weights and counts, and its claims
     keep to limits set after the upgrade, even those of a client that assumes tenants off
     (the upgrade marks the queue so that such a claim fails and is made again)."""
-    if version not in ("v4", "v5", "v6", "v7"):
+    if version not in ("v4", "v5", "v6", "v7", "v8"):
         pytest.skip("tenants came with v4")
     clock = Clock(facts(version)["clock"] + 1)
     q = open_v1(clock, queue="tenanted")
@@ -289,7 +290,7 @@ def test_a_v5_queue_keeps_its_limits_and_debounce_and_its_messages_take_headers(
     messages have no headers (an empty mapping, claimed or dead-lettered), and messages
     published after the upgrade keep theirs, through a debounced replacement, a claim, a dead
     letter and its requeue."""
-    if version not in ("v5", "v6", "v7"):
+    if version not in ("v5", "v6", "v7", "v8"):
         pytest.skip("limits and debounce came with v5")
     clock = Clock(facts(version)["clock"] + 1)
     q = open_v1(clock, queue="limited")
@@ -328,7 +329,7 @@ def test_a_v6_queue_keeps_its_headers_and_its_jobs_keep_outcomes(
     messages keep no outcome, but are read as jobs (queued, running) and cancelled (the
     leased one flagged, and cancelled by its ack); messages published after the upgrade keep
     theirs; its older dead letter, requeued, keeps none."""
-    if version not in ("v6", "v7"):
+    if version not in ("v6", "v7", "v8"):
         pytest.skip("headers came with v6")
     clock = Clock(facts(version)["clock"] + 1)
     q = open_v1(clock, queue="headed")
@@ -361,7 +362,7 @@ def test_a_v7_queue_keeps_its_jobs_and_takes_batches(
     leased, queued, cancelled while leased), its messages belong to no batch, and batches made
     after the upgrade count their messages (those that keep outcomes too) and publish their
     callback once."""
-    if version != "v7":
+    if version not in ("v7", "v8"):
         pytest.skip("jobs came with v7")
     kept = facts(version)["kept"]
     clock = Clock(facts(version)["clock"] + 1)
@@ -393,3 +394,81 @@ def test_a_v7_queue_keeps_its_jobs_and_takes_batches(
     assert [event for _, event in q.peek("done")] == ["all of them"]
     assert q.result("b1", leases["b1"].seq).result == "new"
     assert q.result("k", kept["leased"]).result == "old"
+
+
+def test_a_v8_queues_batches_go_on_and_callbacks_made_after_keep_their_outcomes(
+    open_v1: Callable[..., Transport], version: str
+) -> None:
+    """Schema v9: a v8 batch not done publishes its callbacks once when its last messages
+    settle (the trigger that publishes them was made again with the upgrade), without keeping
+    their outcomes (they were made without `keep`); a done one keeps its status; a callback
+    made after the upgrade keeps its outcome for its `keep`."""
+    if version != "v8":
+        pytest.skip("batches came with v8")
+    made = facts(version)["batched"]
+    clock = Clock(facts(version)["clock"] + 1)
+    q = open_v1(clock, queue="batched")
+    q.setup()
+    old = q.batch_status(made["open"])
+    assert old is not None and (old.total, old.succeeded, old.pending) == (3, 1, 2)
+    done = q.batch_status(made["done"])
+    assert done is not None and done.done
+    kept = {"group_id": "kept", "event": "new", "keep": 600}
+    with q.batch(on_complete=kept) as new:
+        new.publish("y", 0)
+    leases = {lease.group_id: lease for lease in q.claim_many("w", 30, 10)}
+    assert set(leases) == {"m", "n", "y"}
+    q.settle_and_claim(ack=list(leases.values()))
+    assert [event for _, event in q.peek("done")] == ["complete"]
+    assert [event for _, event in q.peek("ok")] == ["success"]
+    callbacks = {lease.group_id: lease for lease in q.claim_many("w", 30, 10)}
+    assert set(callbacks) == {"done", "ok", "kept"}
+    for lease in callbacks.values():
+        q.ack(lease, result=f"handled {lease.event}")
+    assert q.result("kept", callbacks["kept"].seq).result == "handled new"
+    assert q.result("done", callbacks["done"].seq) is None  # made at v8: not kept
+    found = q.batch_status(made["open"])
+    assert found is not None and (found.done, found.succeeded) == (True, 3)
+    assert q.claim("w", 30) is None
+
+
+def test_a_v8_shard_writes_its_callbacks_to_its_outbox_with_their_keep(tmp_path: Path) -> None:
+    """Schema v9 on a shard of a sharded queue (the trigger that writes callbacks to the
+    outbox, made again): a v8 batch's callback is forwarded once, a new one's with its keep."""
+    from rqlite_queue import ShardedTransport
+
+    made = facts("v8")["batched"]
+    path = tmp_path / "v8.db"
+    shutil.copy(FIXTURES / "v8.db", path)
+    clock = Clock(facts("v8")["clock"] + 1)
+    q = ShardedTransport(
+        f"a=sqlite:///{path};b=sqlite:///{tmp_path / 'b.db'}",
+        queue="sharded",
+        clock=clock,
+        max_skew=None,
+    )
+    try:
+        q.setup()
+        on_b = next(f"k{i}" for i in range(100) if q.shard_of(f"k{i}") == "b")
+        callback = {"group_id": on_b, "event": "new", "keep": 600}
+        with q.batch(on_complete=callback, parent=made["sharded"]) as new:  # (on a, with it)
+            new.publish("fresh", 0)
+        assert new.id.startswith("a/")
+        group = made["sharded_group"]
+        leases = q.claim_many("w", 30, 10)
+        assert {group, "fresh"} <= {lease.group_id for lease in leases}  # (and the `cb` ones)
+        q.settle_and_claim(ack=leases)
+        give_up = time.monotonic() + 10
+        while (not q.peek(group) or not q.peek(on_b)) and time.monotonic() < give_up:
+            q.fire_schedules()  # (forwards what the outboxes hold)
+        assert [event for _, event in q.peek(group)] == ["sharded complete"]
+        assert [event for _, event in q.peek(on_b)] == ["new"]
+        callbacks = {lease.group_id: lease for lease in q.claim_many("w", 30, 10)}
+        for lease in callbacks.values():
+            q.ack(lease, result="handled")
+        assert q.result(on_b, callbacks[on_b].seq).result == "handled"
+        assert q.result(group, callbacks[group].seq) is None
+        old = q.batch_status(made["sharded"])
+        assert old is not None and (old.done, old.succeeded) == (True, 2)
+    finally:
+        q.close()

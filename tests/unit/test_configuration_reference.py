@@ -29,6 +29,7 @@ TABLES: dict[str, list[Callable[..., Any]]] = {
     "RqliteTransport": [rqlite_queue.RqliteTransport, rqlite_queue.AsyncRqliteTransport],
     "SqliteTransport": [rqlite_queue.SqliteTransport, rqlite_queue.AsyncSqliteTransport],
     "ShardedTransport": [rqlite_queue.ShardedTransport, rqlite_queue.AsyncShardedTransport],
+    "batch": [rqlite_queue.Transport.batch, rqlite_queue.AsyncTransport.batch],
     "Worker": [worker.Worker, worker.AsyncWorker],
     "Worker.run": [worker.Worker.run, worker.AsyncWorker.run],
     "Backoff": [worker.Backoff],

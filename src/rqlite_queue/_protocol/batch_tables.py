@@ -41,7 +41,8 @@ _BATCHES = Sql(
 )
 # A batch's callbacks (`k` 0: on_complete, 1: on_success), as published when it is done:
 # `delay` and `ttl` from then; `tenant` as given, `resolved` the one its group gets here (the
-# queue's tenant rule applied when the batch was made).
+# queue's tenant rule applied when the batch was made); since v9 (schema.py), `keep`: how long
+# its outcome is kept (NULL: not kept).
 _CALLBACK_TABLE = Sql(
     """
     CREATE TABLE {batch_callbacks} (
@@ -85,8 +86,8 @@ _HEADERS = Sql(
 _DUE = "iif(c.delay > 0, NEW.stamp + c.delay, 0)"
 _PUBLISHED_HERE = Sql(
     """
-    INSERT INTO {messages} (group_id, event, published_at, due, expires, headers)
-    SELECT c.group_id, c.event, NEW.stamp, {due}, NEW.stamp + c.ttl, {headers}
+    INSERT INTO {messages} (group_id, event, published_at, due, expires, headers, keep)
+    SELECT c.group_id, c.event, NEW.stamp, {due}, NEW.stamp + c.ttl, {headers}, c.keep
     {callbacks} ORDER BY c.k;
     DELETE FROM {groups} WHERE group_id IN (SELECT c.group_id {callbacks})
       AND {empty} AND {free} AND until < NEW.stamp;
@@ -105,9 +106,10 @@ _PUBLISHED_HERE = Sql(
 )
 _PUBLISHED_ELSEWHERE = Sql(
     """
-    INSERT INTO {outbox} (group_id, event, priority, due, expires, tenant, created_at, headers)
+    INSERT INTO {outbox} (group_id, event, priority, due, expires, tenant, created_at, headers,
+      keep)
     SELECT c.group_id, c.event, c.priority, {due}, NEW.stamp + c.ttl, c.tenant, NEW.stamp,
-      {headers}
+      {headers}, c.keep
     {callbacks} ORDER BY c.k;
     """,
     callbacks=_ITS_CALLBACKS,
@@ -168,6 +170,13 @@ _FINISHED_ELSEWHERE = Sql(
     elsewhere=_PUBLISHED_ELSEWHERE,
 )
 _DEPTH_TRIGGERS = {depth: _done_trigger(depth) for depth in range(1, MAX_BATCH_DEPTH + 1)}
+FINISHING = {
+    "batches_finished_here": _FINISHED_HERE,
+    "batches_finished_elsewhere": _FINISHED_ELSEWHERE,
+}
+"""The triggers that publish a done batch's callbacks, by their names' fields in `Names` (a
+database has the one of its topology, once it has had a batch): what an upgrade that changes
+their text makes again (schema.py)."""
 
 
 def triggers(b: Builder, n: Names, deepest: int, *, local: bool) -> None:
@@ -209,7 +218,7 @@ SHAPE = {
     ),
     "batch_callbacks": frozenset(
         {"batch", "k", "group_id", "event", "priority", "delay", "ttl", "tenant", "resolved"}
-        | {"headers"}
+        | {"headers", "keep"}
     ),
     "batch_sources": frozenset({"source", "last_id"}),
 }

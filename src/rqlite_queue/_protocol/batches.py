@@ -47,13 +47,16 @@ from .tenants import turn_on
 
 # ------------------------------------------------------------------------- the arguments
 
-CALLBACK_KEYS = frozenset({"group_id", "event", "priority", "delay", "ttl", "tenant", "headers"})
+CALLBACK_KEYS = frozenset(
+    {"group_id", "event", "priority", "delay", "ttl", "tenant", "headers", "keep"}
+)
 """What a callback item may say (a mapping; or `(group_id, event[, priority])`)."""
 
 
 class Callback(NamedTuple):
     """A callback, checked and encoded, as its batch's row keeps it (a JSON array): published
-    when the batch is done, `due` and `expires` (a delay and a ttl, seconds) from then."""
+    when the batch is done, `due` and `expires` (a delay and a ttl, seconds) from then;
+    `keep`: how long its outcome is kept after it settles (as a publish's `keep`)."""
 
     group_id: str
     event: str
@@ -62,6 +65,7 @@ class Callback(NamedTuple):
     expires: float | None
     tenant: str | None
     headers: str | None
+    keep: float | None
 
 
 def check_keep(keep: object) -> float:
@@ -73,7 +77,8 @@ def check_keep(keep: object) -> float:
 def _callback(core: QueueCore, item: object, what: str) -> Callback | None:
     """A callback as `batch(on_complete=..., on_success=...)` takes it: `(group_id, event)`,
     `(group_id, event, priority)` or a mapping of CALLBACK_KEYS (None: none). A callback is
-    published once: it takes no dedup id, debounce key or batch."""
+    published once: it takes no dedup id, debounce key or batch. Its outcome is kept as a
+    publish's is: for its `keep`, else the transport's."""
     if item is None:
         return None
     if isinstance(item, Mapping):
@@ -91,10 +96,10 @@ def _callback(core: QueueCore, item: object, what: str) -> Callback | None:
         )
     try:
         # Checked at time 0: its delay and ttl stay seconds, counted from when it is published.
-        m = checked_message(Message.parse(item), 0.0, core.encode, None)
+        m = checked_message(Message.parse(item), 0.0, core.encode, None, keep_default=core.keep)
     except InvalidArgument as exc:
         raise InvalidArgument(f"{what}: {exc}") from None
-    return Callback(m.group_id, m.event, m.priority, m.due, m.expires, m.tenant, m.headers)
+    return Callback(m.group_id, m.event, m.priority, m.due, m.expires, m.tenant, m.headers, m.keep)
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,12 +222,12 @@ CALLBACK = Fields("j", ("k", *Callback._fields))
 _CALLBACKS = Sql(
     """
     INSERT OR IGNORE INTO {batch_callbacks} (batch, k, group_id, event, priority, delay, ttl,
-      tenant, resolved, headers)
+      tenant, resolved, headers, keep)
     SELECT {text.b}, k, g, event, priority, delay, ttl, tenant,
-      coalesce(tenant, iif(i > 1, substr(g, 1, i - 1), '')), headers
+      coalesce(tenant, iif(i > 1, substr(g, 1, i - 1), '')), headers, keep
     FROM (
       SELECT {j.k} k, {j.group_id} g, {j.event} event, {j.priority} priority, {j.due} delay,
-        {j.expires} ttl, {j.tenant} tenant, {j.headers} headers,
+        {j.expires} ttl, {j.tenant} tenant, {j.headers} headers, {j.keep} keep,
         instr({j.group_id}, (SELECT char(value) FROM {meta} WHERE "key" = 'tenant_sep')) i
       FROM json_each(:callbacks) j)
     """,

@@ -53,18 +53,18 @@ step in MIGRATIONS (and SCHEMA_VERSION raised, SHAPE told), tested from a real o
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..errors import BackendError, OutcomeUnknown, SchemaError
+from .batch_tables import FINISHING, TABLES
 from .batch_tables import SHAPE as BATCH_TABLES
-from .batch_tables import TABLES
 from .core import QueueCore
 from .names import Names, Sql, as_json
 from .plan import Batch, Builder, Plan, Reply, Statement, Steps
 from .tenants import BOUNDED, MARK, turn_on
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 RETIRE_WINDOW = 300.0
 """How long the row of a group that emptied is kept (its place in the round robin), and how
 long claim tokens and settlement records are remembered."""
@@ -422,6 +422,11 @@ MIGRATIONS: dict[int, tuple[Sql, ...]] = {
     # batch and the counts sent to another shard. v7 clients are fenced out of a v8 queue (a
     # v7 settlement would not count in its message's batch).
     8: TABLES,
+    # v8 -> v9: a batch's callbacks keep their outcomes (`keep`, as a publish's); the trigger
+    # that publishes them is made again with the column, if the queue has one (`migrate`:
+    # its text is what a database keeps). v8 clients are fenced out of a v9 queue (a v8
+    # batch would publish its callbacks without their keep).
+    9: (Sql("ALTER TABLE {batch_callbacks} ADD COLUMN keep REAL"),),
 }
 
 # A new queue: the tables of version 3, then the later steps (`_create`).
@@ -503,16 +508,22 @@ _COLUMNS = Sql(
     """
 )
 _COUNTED = Sql("SELECT count(*) FROM sqlite_master WHERE type = 'trigger' AND name = :trigger")
+_TRIGGERS = Sql(
+    "SELECT name FROM sqlite_master WHERE type = 'trigger' "
+    "AND name IN (SELECT value FROM json_each(:names))"
+)
 
 
 @dataclass(frozen=True, slots=True)
 class Found:
     """What `bootstrap` read: the stored version (0: none), and, for a version 0, the
-    columns of the queue's tables that exist and whether tenants had been turned on."""
+    columns of the queue's tables that exist and whether tenants had been turned on; the
+    triggers of batch_tables.FINISHING it has (their fields' names)."""
 
     version: int
     columns: dict[str, frozenset[str]]
     tenants_were_on: bool
+    finishing: frozenset[str] = frozenset()
 
 
 def bootstrap_batch(n: Names) -> Batch:
@@ -525,7 +536,12 @@ def bootstrap_batch(n: Names) -> Batch:
     b.add(_TENANTS_ON(n), slot="tenants_on")
     b.add(_COLUMNS(n), {"tables": as_json([prefix + table for table in SHAPE])}, slot="columns")
     b.add(_COUNTED(n), {"trigger": n.groups_in}, slot="counted")
+    b.add(_TRIGGERS(n), {"names": as_json(_finishing_names(n))}, slot="finishing")
     return b.build()
+
+
+def _finishing_names(n: Names) -> list[str]:
+    return [getattr(n, field) for field in FINISHING]
 
 
 def bootstrap(core: QueueCore, learn: Callable[[bool], None] | None = None) -> Plan[Found]:
@@ -541,10 +557,12 @@ def bootstrap(core: QueueCore, learn: Callable[[bool], None] | None = None) -> P
         columns: dict[str, set[str]] = {}
         for table, column in reply["columns"].rows:
             columns.setdefault(str(table).removeprefix(prefix), set()).add(str(column))
+        present = {str(row[0]) for row in reply["finishing"].rows}
         return Found(
             read_version(reply),
             {table: frozenset(names) for table, names in columns.items()},
             bool(reply["counted"].rows[0][0]),
+            frozenset(f for f in FINISHING if getattr(core.names, f) in present),
         )
 
     return Plan(bootstrap_batch(core.names), read, resend_safe=True, idempotent=True)
@@ -603,7 +621,7 @@ def upgrade(core: QueueCore, found: Found) -> Plan[int] | None:
     if version == SCHEMA_VERSION:
         return None
     if version > 0:
-        batch = migrate(core.names, version)
+        batch = migrate(core.names, version, finishing=found.finishing)
     elif not set(found.columns) - {"meta"}:
         batch = create(core.names)
     else:
@@ -617,16 +635,48 @@ def create(n: Names) -> Batch:
     return _upgrade(n, 0, [*_CREATE_V3, *_steps(4)])
 
 
-def migrate(n: Names, version: int) -> Batch:
-    """Upgrade from `version` to this code's, in one transaction."""
-    return _upgrade(n, version, _steps(version + 1))
+def migrate(n: Names, version: int, *, finishing: frozenset[str] = frozenset()) -> Batch:
+    """Upgrade from `version` to this code's, in one transaction. `finishing`: the triggers
+    of batch_tables.FINISHING the database has (bootstrap's `Found`): from v8, each is made again
+    with this code's text, and the upgrade fails (to be read and tried again) if another
+    client made one since bootstrap read them."""
+    again = _finishing_again(n, finishing) if version < 9 else []
+    return _upgrade(n, version, _steps(version + 1), again)
 
 
-def _upgrade(n: Names, version: int, statements: list[Sql]) -> Batch:
+# Fails the transaction (a duplicate key) unless the database has `:count` of the triggers
+# named: none made since bootstrap read them (one made by an older client meanwhile would
+# keep its old text).
+_TRIGGERS_STILL = Sql(
+    """
+    INSERT INTO {meta} (key, value) SELECT 'schema_version', 0 WHERE (
+      SELECT count(*) FROM sqlite_master WHERE type = 'trigger'
+      AND name IN (SELECT value FROM json_each(:names))) != :count
+    """
+)
+
+
+def _finishing_again(n: Names, finishing: frozenset[str]) -> list[Statement]:
+    made = [
+        Statement(
+            _TRIGGERS_STILL(n), {"names": as_json(_finishing_names(n)), "count": len(finishing)}
+        )
+    ]
+    for field in sorted(finishing):
+        made.append(Statement(Sql("DROP TRIGGER {" + field + "}")(n)))
+        made.append(Statement(FINISHING[field](n)))
+    return made
+
+
+def _upgrade(
+    n: Names, version: int, statements: list[Sql], then: Sequence[Statement] = ()
+) -> Batch:
     b = Builder()
     b.add(_STILL_AT(n), {"v": version})
     for statement in statements:
         b.add(statement(n))
+    for made in then:
+        b.add(made.sql, made.params)
     b.add(_SET_VERSION(n), {"v": SCHEMA_VERSION}, slot="upgraded")
     return b.build()
 

@@ -524,9 +524,10 @@ class Transport:
         dead-lettered or cancelled): `on_complete` in any case, `on_success` only if none of
         its messages failed. Each callback is `(group_id, event[, priority])` or a mapping
         with `group_id`, `event` and optionally `priority`, `delay`, `ttl`, `tenant`,
-        `headers`; it is published with the header `types.BATCH_HEADER`, the batch as it was
-        when it was done (`Lease.completed_batch`: its counts, its first failures with their
-        reasons).
+        `headers`, `keep` (how long its outcome is kept, as `publish` takes it; without it, the
+        transport's `keep`); it is published with the header `types.BATCH_HEADER`, the batch
+        as it was when it was done (`Lease.completed_batch`: its counts, its first failures
+        with their reasons).
 
         `async with queue.batch(...) as b:` then `b.publish(...)`, `b.publish_many(...)`:
         written with the batch when the block ends, all at once (see `Batch`). A
