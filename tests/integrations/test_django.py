@@ -162,7 +162,8 @@ def run_scenario(
         assert [a[1] for a in lines(events, "attempt")] == ["1", "2"]
         signals = lines(events, "signal")
         finished = {s[1]: s for s in signals if s[0] == "finished"}
-        assert finished[flaky.id][2:] == ["SUCCESSFUL", "2", "0"], signals
+        # Its signal carries both attempts, the first one's error (as get_result does).
+        assert finished[flaky.id][2:] == ["SUCCESSFUL", "2", "1", "builtins.RuntimeError"]
         assert finished[fatal.id][2:4] == ["FAILED", "1"], signals
         assert len(lines(events, "fatal")) == 1  # non_retryable: not tried again
         assert finished[asleep.id][2] == "SUCCESSFUL"

@@ -83,11 +83,9 @@ def task_of(event: dict[str, Any]) -> Any:
     return task.using(**changes)
 
 
-def task_result(job: JobResult, task_result_id: str, alias: str) -> Any:
-    """Django's `TaskResult` of the task message `job`: its status, args, times, the workers
-    of its attempts, its errors (every failed attempt's, oldest first), its return value."""
-    event = job.event
-    status = compat.TaskResultStatus[_STATUSES[job.status]]
+def errors_of(job: JobResult) -> list[Any]:
+    """Django's `TaskError`s of a job: every failed attempt's, oldest first (and, for a job
+    cancelled, the cancel)."""
     errors = [
         compat.TaskError(exception_class_path=error.type, traceback=error.traceback)
         for error in job.errors
@@ -100,8 +98,21 @@ def task_result(job: JobResult, task_result_id: str, alias: str) -> Any:
                 traceback=f"{kind.__qualname__}: {job.reason or 'cancelled'}\n",
             )
         )
+    return errors
+
+
+def workers_of(job: JobResult) -> list[str]:
+    """The worker of each of a job's attempts, oldest first (UNKNOWN_WORKER where none is
+    recorded)."""
     workers = list(job.workers)
-    workers = [UNKNOWN_WORKER] * (job.attempts - len(workers)) + workers
+    return [UNKNOWN_WORKER] * (job.attempts - len(workers)) + workers
+
+
+def task_result(job: JobResult, task_result_id: str, alias: str) -> Any:
+    """Django's `TaskResult` of the task message `job`: its status, args, times, the workers
+    of its attempts, its errors (every failed attempt's, oldest first), its return value."""
+    event = job.event
+    status = compat.TaskResultStatus[_STATUSES[job.status]]
     enqueued = event.get("enqueued_at")
     result = compat.TaskResult(
         task=task_of(event),
@@ -114,8 +125,8 @@ def task_result(job: JobResult, task_result_id: str, alias: str) -> Any:
         args=event.get("args") or [],
         kwargs=event.get("kwargs") or {},
         backend=event.get("backend") or alias,
-        errors=errors,
-        worker_ids=workers,
+        errors=errors_of(job),
+        worker_ids=workers_of(job),
     )
     if job.status == "succeeded":
         object.__setattr__(result, "_return_value", job.result)

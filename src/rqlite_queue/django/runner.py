@@ -11,7 +11,9 @@ from typing import Any
 from django.db import close_old_connections
 from django.utils import timezone
 
-from ..types import Lease
+from .. import Transport
+from ..errors import QueueError
+from ..types import JobResult, Lease
 from . import compat, results
 
 log = logging.getLogger("rqlite_queue.django")
@@ -23,7 +25,10 @@ class TaskRunner:
     `task_finished` when the run is final (succeeded, or failed for the last time: a failure
     that will be retried leaves the result READY). A failure re-raises, so that the Worker
     retries the message (with backoff) or dead-letters it; a success returns the task's
-    return value (JSON-normalized)."""
+    return value (JSON-normalized). The signals' result carries every attempt's error and
+    worker, as `get_result` does: for a retried message whose outcome is kept (the backend's
+    OPTIONS["keep"]), the earlier ones are read from the queue first (one read, on a retry
+    only); without it, only this attempt's are known."""
 
     def __init__(
         self,
@@ -49,6 +54,7 @@ class TaskRunner:
         event = lease.event
         task = results.task_of(event)
         now = timezone.now()
+        earlier = self._earlier(lease)
         enqueued = event.get("enqueued_at")
         result = compat.TaskResult(
             task=task,
@@ -61,8 +67,12 @@ class TaskRunner:
             args=event.get("args") or [],
             kwargs=event.get("kwargs") or {},
             backend=event.get("backend") or self.backend.alias,
-            errors=[],
-            worker_ids=[results.UNKNOWN_WORKER] * (lease.attempts - 1) + [self.worker_id],
+            errors=[] if earlier is None else results.errors_of(earlier),
+            worker_ids=(
+                [results.UNKNOWN_WORKER] * (lease.attempts - 1) + [self.worker_id]
+                if earlier is None
+                else results.workers_of(earlier)
+            ),
         )
         sender = type(self.backend)
         compat.task_started.send(sender=sender, task_result=result)
@@ -97,3 +107,19 @@ class TaskRunner:
         object.__setattr__(result, "_return_value", value)
         compat.task_finished.send(sender=sender, task_result=result)
         return value
+
+    def _earlier(self, lease: Lease) -> JobResult | None:
+        """A retried message's state as the queue keeps it (the errors and workers of its
+        earlier attempts, and this one's worker), if it keeps its outcome; None for a first
+        attempt, a message that keeps none, or a read that failed (logged: the task runs)."""
+        if lease.attempts <= 1 or not lease.keep:
+            return None
+        try:
+            queue: Transport = self.backend.queue(lease.event["queue"])
+            job = queue.result(lease.group_id, lease.seq)
+        except QueueError as exc:
+            log.warning("task %s: its earlier attempts could not be read: %s", lease.seq, exc)
+            return None
+        if job is None or job.status != "running" or job.attempts != lease.attempts:
+            return None  # (no longer this attempt's: its lease lapsed meanwhile)
+        return job

@@ -13,6 +13,7 @@ def _seen(kind: str):
             task_result.status,
             len(task_result.worker_ids),
             len(task_result.errors),
+            ",".join(e.exception_class_path for e in task_result.errors) or "-",
         )
 
     return receiver
