@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from rqlite_queue import InvalidArgument, LeaseLost, OutcomeUnknown, Transport
+from rqlite_queue import InvalidArgument, LeaseLost, OutcomeUnknown, QueueError, Transport
 
 from .conftest import FakeClock, lose, taken_over
 
@@ -239,6 +239,18 @@ async def test_a_transaction_applies_its_statements_and_publishes_together(q: An
             tx.publish("order-1", {"never": 2})
             tx.execute(f"INSERT INTO {table} (id, what) VALUES (1, 'duplicate key')")
     assert len(await q.peek("order-1")) == 3
+
+
+async def test_a_statement_that_does_not_compile_takes_the_publishes_with_it(q: Any) -> None:
+    """All or nothing, whatever fails: on rqlite v8, /db/request went on past a statement that
+    does not compile and committed the rest (the publish was in the queue, the caller told
+    the transaction failed)."""
+    with pytest.raises(QueueError, match="no such table"):
+        async with q.transaction() as tx:
+            tx.publish("order-0", "never")
+            tx.execute("INSERT INTO no_such_table (what) VALUES ('book')")
+    assert await q.peek("order-0") == []
+    assert (await q.stats()).depth == 0
 
 
 async def test_a_transaction_with_dedup_ids_applies_once(q: Any) -> None:

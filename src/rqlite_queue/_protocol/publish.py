@@ -12,6 +12,7 @@ fails if they are on: `tenants.TenantsTurnedOn`, then the checking form is sent)
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 from collections.abc import Mapping, Sequence
@@ -823,8 +824,15 @@ def transaction(
             return _done_transaction(core, messages)
         return None if publish_instead is None else publish_instead(error)
 
+    batch = publishing.batch.first([*first, *statements])
+    if not {"dedup", "debounced"} & set(batch.slots):
+        # Its reads are counts: it goes to rqlite's /db/execute, which rolls the transaction
+        # back when one of the caller's statements does not compile (a missing table, a
+        # typo); v8's /db/request reports that statement's error but runs and commits the
+        # others (rqlite's db.Request: fixed after v8, rqlite#2792).
+        batch = dataclasses.replace(batch, selects=False)
     return Plan(
-        publishing.batch.first([*first, *statements]),
+        batch,
         publishing.read,
         resend_safe=bool(first),
         tenants_on=publishing.tenants_on,
