@@ -70,7 +70,7 @@ from rqlite_queue._protocol.schema import RETIRE_WINDOW
 from rqlite_queue.errors import QueueError, QueueFull, TenantMismatch
 from rqlite_queue.testing import Cluster
 
-from .conftest import FakeClock
+from .conftest import FakeClock, dropped_when_closed
 
 GROUPS = ("a", "b", "c", "d")
 DEDUP_IDS = ("d1", "d2", "d3")
@@ -1706,8 +1706,9 @@ def test_the_contract_holds_on_rqlite(rqlite_cluster: Cluster) -> None:
     def open_transport(clock: FakeClock) -> Transport:
         # A fresh queue (tables created on the first call) per example.
         queue = f"sm_{uuid.uuid4().hex[:12]}"
-        return RqliteTransport(
+        transport = RqliteTransport(
             url, clock=clock, queue=queue, dedup_window=DEDUP_WINDOW, max_skew=None
         )
+        return dropped_when_closed(transport, url)
 
     run(machine(open_transport), examples=20, steps=25)

@@ -49,7 +49,7 @@ from rqlite_queue.errors import BatchDone, InvalidArgument
 from rqlite_queue.testing import Cluster
 from rqlite_queue.types import MAX_BATCH_DEPTH, MAX_BATCH_FAILURES, BatchStatus
 
-from .conftest import FakeClock, lose
+from .conftest import FakeClock, dropped_when_closed, lose
 
 GROUPS = ("g0", "g1", "g2", "g3", "g4")
 VISIBILITY = 30.0
@@ -584,7 +584,9 @@ def test_batches_hold_on_rqlite(rqlite_cluster: Cluster) -> None:
 
     def open_transport(clock: FakeClock) -> Transport:
         queue = f"sb_{uuid.uuid4().hex[:12]}"
-        return RqliteTransport(url, clock=clock, queue=queue, max_skew=None)
+        return dropped_when_closed(
+            RqliteTransport(url, clock=clock, queue=queue, max_skew=None), url
+        )
 
     run(open_transport, examples=10, steps=20)
 

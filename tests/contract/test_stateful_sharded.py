@@ -31,7 +31,7 @@ from rqlite_queue._protocol.sharding import home
 from rqlite_queue.testing import Cluster
 
 from . import test_stateful as stateful
-from .conftest import FakeClock
+from .conftest import FakeClock, dropped_when_closed
 from .test_stateful import (
     DEDUP_WINDOW,
     GROUPS,
@@ -326,13 +326,11 @@ def on_shards(urls: Callable[[], tuple[str, str]]) -> type[ShardedMachine]:
         def open(self, clock: FakeClock) -> Any:
             first, second = urls()
             queue = f"ss_{uuid.uuid4().hex[:12]}"
-            return ShardedTransport(
-                f"a={first};b={second}",
-                queue=queue,
-                clock=clock,
-                dedup_window=DEDUP_WINDOW,
-                max_skew=None,
+            url = f"a={first};b={second}"
+            transport = ShardedTransport(
+                url, queue=queue, clock=clock, dedup_window=DEDUP_WINDOW, max_skew=None
             )
+            return transport if "sqlite" in url else dropped_when_closed(transport, url)
 
     return Machine
 
