@@ -15,12 +15,41 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import urllib3
+from shared_clusters import STARTED, drop, tables
 
 from rqlite_queue import RqliteTransport
 from rqlite_queue.testing import Cluster
 from rqlite_queue.worker import Worker
 
 ThreeWorkers = Callable[..., AbstractContextManager[None]]
+
+
+@pytest.fixture(scope="session")
+def rqlite_cluster(rqlite_cluster: Cluster) -> Cluster:
+    """The plugin's shared 1-node cluster, noted for the sweep after each module."""
+    STARTED.append(rqlite_cluster)
+    return rqlite_cluster
+
+
+@pytest.fixture(scope="session")
+def rqlite_cluster3(rqlite_cluster3: Cluster) -> Cluster:
+    """The plugin's shared 3-node cluster, noted for the sweep after each module."""
+    STARTED.append(rqlite_cluster3)
+    return rqlite_cluster3
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _sweep_the_shared_clusters() -> Iterator[None]:
+    """Drop, when a module ends, every table it made on the session's shared clusters (those
+    already started, and those it started): see `shared_clusters`."""
+    http = urllib3.PoolManager(timeout=30.0)
+    before = {id(cluster): tables(http, cluster.urls) for cluster in STARTED}
+    yield
+    for cluster in STARTED:
+        made = tables(http, cluster.urls) - before.get(id(cluster), set())
+        drop(http, cluster.urls, made)
+    http.clear()
 
 
 @pytest.fixture(params=["sqlite", "rqlite3"])

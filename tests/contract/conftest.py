@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import inspect
 import itertools
-import json
 import os
-import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
 import pytest
 import urllib3
+from shared_clusters import STARTED, drop, nodes_of, post
 
 from rqlite_queue import (
     AsyncRqliteTransport,
@@ -173,6 +172,7 @@ def per_shard(q: Any, groups: list[str]) -> dict[str, list[str]]:
 def second_cluster(rqlited_path: str) -> Any:
     """Another 1-node cluster: the second shard of `rqlite-sharded2`."""
     with Cluster(1, binary=rqlited_path) as cluster:
+        STARTED.append(cluster)
         yield cluster
 
 
@@ -180,6 +180,7 @@ def second_cluster(rqlited_path: str) -> Any:
 def second_cluster3(rqlited_path: str) -> Any:
     """Another 3-node cluster: the second shard of `rqlite-sharded2x3`."""
     with Cluster(3, binary=rqlited_path) as cluster:
+        STARTED.append(cluster)
         yield cluster
 
 
@@ -275,11 +276,9 @@ async def make_queue(url: str, flavour: str, clock: FakeClock) -> AsyncIterator[
 
 def drop_queues(url: str, queues: set[str]) -> None:
     """Drop the tables of these queues on the clusters of `url` (each shard's): the session's
-    clusters are shared by thousands of tests, and a schema of tens of thousands of tables
-    makes every later schema change, and rqlite's snapshots, slower and slower."""
+    clusters are shared by thousands of tests (`shared_clusters`)."""
     http = urllib3.PoolManager(timeout=30.0)
-    for part in url.split(";"):
-        nodes = [n.rstrip("/") for n in (part.partition("=")[2] if ";" in url else part).split(",")]
+    for nodes in nodes_of(url):
         for queue in queues:
             prefix = f"rq_{queue}_"
             query = [
@@ -287,11 +286,8 @@ def drop_queues(url: str, queues: set[str]) -> None:
                 len(prefix),
                 prefix,
             ]
-            reply = _post(http, nodes, "/db/query?level=strong", [query])
-            rows = reply["results"][0].get("values") or []
-            if rows:
-                drops = [f'DROP TABLE IF EXISTS "{name}"' for (name,) in rows]
-                _post(http, nodes, "/db/execute?transaction", drops)
+            reply = post(http, nodes, "/db/query?level=strong", [query])
+            drop(http, nodes, {name for (name,) in reply["results"][0].get("values") or []})
 
 
 def dropped_when_closed(transport: Closing, url: str) -> Closing:
@@ -307,33 +303,6 @@ def dropped_when_closed(transport: Closing, url: str) -> Closing:
 
     transport.close = close_and_drop  # type: ignore[method-assign]
     return transport
-
-
-def _post(http: urllib3.PoolManager, nodes: list[str], path: str, body: object) -> Any:
-    """POST to the first node that answers with JSON results: right after a test's faults, or
-    under load, a node may say 'leader not found' (in plain text) while its cluster elects."""
-    deadline = time.monotonic() + 30.0
-    while True:
-        for node in nodes:
-            try:
-                reply = http.request(
-                    "POST",
-                    node + path,
-                    body=json.dumps(body),
-                    headers={"Content-Type": "application/json"},
-                    retries=False,
-                )
-                answer = json.loads(reply.data) if reply.status == 200 else None
-                # A 200 can still carry no result (seen under load, after a test's faults):
-                # asked again, the cluster answers.
-                if isinstance(answer, dict) and answer.get("results"):
-                    return answer
-                problem = f"{reply.status} {reply.data[:200]!r}"
-            except urllib3.exceptions.HTTPError as error:
-                problem = repr(error)
-        if time.monotonic() > deadline:
-            raise AssertionError(f"could not drop the test's queues: {problem}")
-        time.sleep(0.2)
 
 
 @pytest.fixture
