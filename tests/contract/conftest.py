@@ -67,14 +67,31 @@ only in the slow tier: the 3-node cluster's leader runs the same code, two shard
 one-node clusters, and the stateful model runs on one."""
 
 
+ONE_FLAVOUR_BY_DEFAULT = {"rqlite3": "sync", "rqlite-sharded2": "async"}
+"""In the modules of `ONE_TOPOLOGY_ENOUGH`, the flavour each cluster backend runs by default
+(the other in the slow tier): both flavours on SQLite, and each on a real cluster, so that
+both HTTP clients (urllib3 for sync, aiohttp for async) and both generated transports meet
+every check on rqlite in the default run."""
+FOLLOWER_FLAVOUR_BY_DEFAULT = "sync"
+"""The main module through a follower (the forwarding, and the client's move to the leader)
+in one flavour by default, the other in the slow tier: the path is the HTTP client's, and
+both flavours run it on the 3-node cluster's leader and on two shards."""
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         callspec = getattr(item, "callspec", None)
         backend = callspec.params.get("backend") if callspec is not None else None
+        flavour = callspec.params.get("flavour") if callspec is not None else None
         module = item.module.__name__.rpartition(".")[2] if item.module else ""
         if backend in SLOW_TOPOLOGIES and module in ONE_TOPOLOGY_ENOUGH:
             item.add_marker(pytest.mark.slow)
         if backend == "rqlite1" and module in ONE_NODE_IN_THE_SLOW_TIER:
+            item.add_marker(pytest.mark.slow)
+        one_flavour = ONE_FLAVOUR_BY_DEFAULT.get(backend, flavour)
+        if module in ONE_TOPOLOGY_ENOUGH and one_flavour != flavour:
+            item.add_marker(pytest.mark.slow)
+        if backend == "rqlite3-follower" and flavour not in (None, FOLLOWER_FLAVOUR_BY_DEFAULT):
             item.add_marker(pytest.mark.slow)
 
 
