@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: django6 screenshots setup rqlited toxiproxy browser chaos-deps monitoring-deps test test-install lint typecheck unit unit-fast docs demo bench chaos generate clean
+.PHONY: django6 screenshots setup rqlited toxiproxy browser chaos-deps monitoring-deps test test-all test-install lint typecheck unit unit-fast docs demo bench chaos generate clean
 
 setup: $(STAMP) rqlited toxiproxy browser chaos-deps monitoring-deps
 
@@ -76,6 +76,12 @@ django6: setup
 	RQLITED="$(RQLITED_PATH)" scripts/django6-tests $(PYTEST_ARGS)
 
 test: setup lint typecheck docs unit django6 test-install
+
+# Everything `make test` runs and the slow tier with it (`-m slow`: the long chaos runs, which
+# write docs/reliability.md, the contract suite on every topology and in both flavours, the
+# long Hypothesis runs, the upgrades from every version on 3 nodes, tests/install): hours.
+test-all: setup lint typecheck docs django6
+	RQLITED="$(RQLITED_PATH)" $(BIN)/pytest -q -m "" $(PYTEST_ARGS)
 
 # A first run anywhere: the 3-node cluster when an rqlited is found or can be built (Go and gcc),
 # else the embedded queue, saying why and how to get the 3-node demo (`--backend auto`).
