@@ -170,7 +170,8 @@ def test_the_built_server_has_the_packages_toxics(toxiproxy_path: str) -> None:
 def test_unavailable_is_what_a_refused_link_gives(rqlite_cluster_factory: Make) -> None:
     cluster = rqlite_cluster_factory(1, links=Links())
     assert cluster.links is not None
-    with Transport.from_url(cluster.url, queue="refused", timeout=1.5) as transport:
+    # (the call's deadline short: a refusal after the node was reached is retried until then)
+    with Transport.from_url(cluster.url, queue="refused", timeout=1.5, deadline=2) as transport:
         transport.publish("g", "x")
         cluster.links.http["n1"].disable()
         with pytest.raises(Unavailable):
