@@ -13,10 +13,9 @@ import random
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Literal, TypeVar, Unpack
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, Unpack
 
 from .. import _tracing
-from .._io.aiohttp_client import AiohttpClient
 from .._io.sqlite import AsyncSqliteExecutor
 from .._job import error_of
 from .._protocol import (
@@ -77,6 +76,9 @@ from .cluster import AsyncBackend, AsyncClusterRouter
 from .router import AsyncRouter
 from .shards import DEFAULT_CLAIM_DEADLINE, AsyncShardRouter
 from .transaction import AsyncTransaction
+
+if TYPE_CHECKING:  # (imported where a transport is made: the package loads no HTTP client)
+    from .._io.aiohttp_client import AiohttpClient
 
 T = TypeVar("T")
 
@@ -1040,6 +1042,8 @@ def _rqlite_backend(
         isinstance(auth, tuple) and len(auth) == 2 and all(isinstance(a, str) for a in auth)
     ):
         raise InvalidArgument("auth must be a (user, password) pair of strings")
+    from .._io.aiohttp_client import AiohttpClient
+
     client = AiohttpClient(
         parse_endpoints(url, auth),
         timeout=timeout,

@@ -13,11 +13,10 @@ import random
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Literal, TypeVar, Unpack
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, Unpack
 
 from .. import _tracing
 from .._io.sqlite import SqliteExecutor
-from .._io.urllib3_client import Urllib3Client
 from .._job import error_of
 from .._protocol import (
     admin,
@@ -77,6 +76,9 @@ from .cluster import Backend, ClusterRouter
 from .router import Router
 from .shards import DEFAULT_CLAIM_DEADLINE, ShardRouter
 from .transaction import Transaction
+
+if TYPE_CHECKING:  # (imported where a transport is made: the package loads no HTTP client)
+    from .._io.urllib3_client import Urllib3Client
 
 T = TypeVar("T")
 
@@ -1028,6 +1030,8 @@ def _rqlite_backend(
         isinstance(auth, tuple) and len(auth) == 2 and all(isinstance(a, str) for a in auth)
     ):
         raise InvalidArgument("auth must be a (user, password) pair of strings")
+    from .._io.urllib3_client import Urllib3Client
+
     client = Urllib3Client(
         parse_endpoints(url, auth),
         timeout=timeout,
