@@ -9,7 +9,7 @@ import itertools
 from typing import Any
 
 from rqlite_queue import Lease
-from rqlite_queue._protocol import messages, round_spec, rounds
+from rqlite_queue._protocol import jobs, messages, round_spec, rounds
 from rqlite_queue._protocol import publish as publishing
 from rqlite_queue._protocol.core import QueueCore
 from rqlite_queue._protocol.http import request_for
@@ -86,3 +86,18 @@ def test_a_publish_of_a_client_that_knows_tenants_off_goes_to_execute() -> None:
     assert request_for(plain.batch).path == EXECUTE
     deduplicated = messages.checked(c, [Message("g", 1, dedup_id="d")], scoped=False)
     assert request_for(publishing.plan(c, deduplicated, tenants_on=False).batch).path == REQUEST
+
+
+def test_a_read_of_several_statements_is_one_snapshot() -> None:
+    """rqlite runs the SELECTs of one /db/query each on its own unless asked for a transaction:
+    a job read (its outcome, then its message) beside the settlement moving the one to the
+    other saw neither, and said the job never existed. A read of one statement needs none."""
+    c = core()
+    job = jobs.job(c, "g", 1).batch
+    assert len(job.statements) == 2
+    assert request_for(job).path == "/db/query?level=linearizable&transaction"
+    polled = jobs.job(c, "g", 1, local=True).batch
+    assert request_for(polled).path == "/db/query?level=weak&transaction"
+    assert request_for(Batch((Statement("SELECT 1"),), write=False)).path == (
+        "/db/query?level=linearizable"
+    )

@@ -3,10 +3,11 @@ whole retry policy of one request (which node, how long to wait, when to give up
 failure means), as a generator that the sync and async clients drive.
 
 Writes go to `/db/request?transaction`: one Raft entry, one SQLite transaction on every node,
-and the `SELECT`s inside it come back as rows. Fresh reads go to `/db/query?level=linearizable`;
-reads that need no Raft round (an idle worker's polls) to `/db/query?level=weak`, the leader's
-own copy. Followers forward all of them to the leader (rqlite v8 does not redirect unless
-asked)."""
+and the `SELECT`s inside it come back as rows. Fresh reads go to
+`/db/query?level=linearizable`; reads that need no Raft round (an idle worker's polls) to
+`/db/query?level=weak`, the leader's own copy; a read of several statements adds
+`&transaction`, so that they see one snapshot. Followers forward all of them to the leader
+(rqlite v8 does not redirect unless asked)."""
 
 from __future__ import annotations
 
@@ -61,6 +62,11 @@ def request_for(batch: Batch) -> HttpRequest:
         path = "/db/execute?transaction" if execute else "/db/request?transaction"
     else:
         path = "/db/query?level=" + ("weak" if batch.local else "linearizable")
+        if len(body) > 1:
+            # One snapshot for all of them, as SQLite's BEGIN gives the embedded transport:
+            # without it rqlite runs each SELECT on its own, and a write committing between
+            # two (a settlement moving a message to its outcome) is seen half done.
+            path += "&transaction"
     encoded = json.dumps(body, separators=(",", ":")).encode("utf-8")
     return HttpRequest(path, encoded, len(body))
 

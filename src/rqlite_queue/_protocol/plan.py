@@ -36,10 +36,11 @@ READS = ("SELECT", "WITH", "VALUES")
 @dataclass(frozen=True, slots=True)
 class Batch:
     """Statements sent together. `write=True`: one transaction through the leader (rqlite
-    `/db/request?transaction`, SQLite `BEGIN IMMEDIATE`); `write=False`: a fresh read (rqlite
-    `/db/query?level=linearizable`), or with `local=True` the leader's own copy, without a
-    Raft round (rqlite `level=weak`: it may miss a write committed a moment ago by a leader
-    that lost its place, never one this client made).
+    `/db/request?transaction`, SQLite `BEGIN IMMEDIATE`); `write=False`: a fresh read of one
+    snapshot (rqlite `/db/query?level=linearizable`, with `&transaction` for more than one
+    statement; SQLite `BEGIN`), or with `local=True` the leader's own copy, without a Raft
+    round (rqlite `level=weak`: it may miss a write committed a moment ago by a leader that
+    lost its place, never one this client made).
 
     `slots` names the statements whose results a reader uses."""
 
