@@ -340,6 +340,32 @@ def test_permanent_errors_stop_the_worker(tmp_path: Path) -> None:
         Worker(closed, lambda lease: None).run(handle_signals=False)
 
 
+def test_no_handler_starts_once_run_has_raised(url: str, queue: str) -> None:
+    """Prefetched leases wait in the pool for a free thread; when a permanent error stops the
+    worker, none of them may start after `run` raised (no call can give them back: their
+    leases lapse). They did: a rolling upgrade's old worker, refused by the schema fence, went
+    on starting handlers after its refusal."""
+    q = Transport.from_url(url, queue=queue)
+    q.publish_many([(f"g{i}", i) for i in range(400)])
+    starts: list[float] = []
+    waiting: list[int] = []
+
+    def handler(lease: Lease) -> None:
+        starts.append(time.monotonic())
+        if len(starts) == 100:
+            waiting.append(len(worker._waiting))
+            q.close()  # the round settling the one before raises TransportClosed
+            time.sleep(0.3)  # while the leases claimed ahead of this one wait for its thread
+
+    worker = Worker(q, handler, concurrency=1, prefetch=64)
+    with pytest.raises(TransportClosed):
+        worker.run(handle_signals=False)
+    raised = time.monotonic()
+    time.sleep(0.5)  # a waiting handler, were one to run, would start at once
+    assert waiting[0] > 0  # (what this test is about: leases claimed ahead, waiting)
+    assert [t for t in starts if t > raised] == [], (len(starts), waiting)
+
+
 def test_a_handler_of_the_wrong_kind_is_refused_at_construction(tmp_path: Path) -> None:
     q = Transport.from_url(f"sqlite:///{tmp_path}/q.db")
 

@@ -23,6 +23,7 @@ import os
 import random
 import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -36,6 +37,10 @@ class Log:
     def __init__(self, path: str, who: str) -> None:
         self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self.who = who
+        self.refused = threading.Event()
+        self.lock = threading.Lock()
+        """Held from a handler's look at `refused` to its start line, and while the refusal
+        is written: no start line follows the refused one."""
 
     def line(self, kind: str, group: str = "-", k: object = "-", rest: str = "") -> None:
         text = f"{kind} {self.who} {os.getpid()} {group} {k}"
@@ -63,7 +68,13 @@ def work(url: str, queue: str, log: Log, concurrency: int, visibility: float) ->
 
     def handler(lease: Any) -> None:
         group, k = lease.event["g"], lease.event["k"]
-        log.line("start", group, k)
+        with log.lock:
+            # Versions before the Worker dropped its waiting leases at a permanent error
+            # (test_worker.py::test_no_handler_starts_once_run_has_raised) went on starting
+            # the handlers of leases claimed ahead after `run` raised: they do nothing here.
+            if log.refused.is_set():
+                return
+            log.line("start", group, k)
         time.sleep(random.uniform(0.001, 0.008))
         log.line("end", group, k)
 
@@ -93,7 +104,9 @@ def main(argv: list[str]) -> int:
         else:
             probe(url, queue, log)
     except SchemaError as exc:
-        log.line("refused", rest=" ".join(str(exc).split()))
+        with log.lock:
+            log.refused.set()
+            log.line("refused", rest=" ".join(str(exc).split()))
         time.sleep(0.1)  # handlers under way end (within 8 ms) before the exit line
         return REFUSED
     finally:

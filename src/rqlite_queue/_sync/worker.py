@@ -413,6 +413,10 @@ class Worker:
             LOCAL_CANCELS.forget(self.transport.queue, self._on_local_cancel)
             LOCAL_PUBLISHES.forget(self.transport.queue, self._on_local_publish)
             self._stopping = True
+            # Leases claimed ahead and still waiting for a slot never start now (a graceful
+            # stop gave them back already; after a permanent error nothing can, and they
+            # lapse): a handler must not begin after `run` returned or raised.
+            self._waiting.clear()
             if handle_signals:
                 runtime.remove_signals()
             runtime.abandon()
