@@ -15,8 +15,6 @@ import json
 import os
 import subprocess
 import sys
-import tarfile
-from importlib.metadata import version
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -26,7 +24,8 @@ pytest.importorskip("django")
 if find_spec("django.tasks") is None:
     pytest.skip("Django's own tests of django.tasks: Django 6 only", allow_module_level=True)
 
-from rqlite_queue.rqlited import cache_dir
+from sdists import sdist_files
+
 from rqlite_queue.testing import Cluster
 
 FAILING = {
@@ -93,28 +92,9 @@ print(json.dumps(outcomes))
 
 def django_task_tests() -> dict[str, str]:
     """`tests/tasks/{tasks,test_tasks}.py` of the installed Django's sdist (downloaded once)."""
-    release = version("django")
-    where = cache_dir() / "django-sdist"
-    archive = where / f"django-{release}.tar.gz"
-    if not archive.exists():
-        where.mkdir(parents=True, exist_ok=True)
-        got = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
-             f"django=={release}", "-d", str(where)],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-        )  # fmt: skip
-        if got.returncode != 0 or not archive.exists():
-            pytest.fail(f"could not download Django {release}'s sdist: {got.stderr[-2000:]}")
-    files = {}
-    with tarfile.open(archive) as sdist:
-        for name in ("tasks.py", "test_tasks.py"):
-            member = sdist.extractfile(f"django-{release}/tests/tasks/{name}")
-            assert member is not None
-            files[name] = member.read().decode()
-    return files
+    names = ("tasks.py", "test_tasks.py")
+    files = sdist_files("django", [f"tests/tasks/{name}" for name in names], timeout=600)
+    return {name: files[f"tests/tasks/{name}"] for name in names}
 
 
 def run_djangos_tests(where: Path, url: str) -> dict[str, str]:

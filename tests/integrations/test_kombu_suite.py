@@ -11,17 +11,16 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tarfile
 import uuid
 import xml.etree.ElementTree as ET
-from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("kombu")
 
-from rqlite_queue.rqlited import cache_dir
+from sdists import sdist_files
+
 from rqlite_queue.testing import Cluster
 
 CLASSES = (
@@ -91,36 +90,8 @@ def failover_connection():
 
 def kombu_common() -> str:
     """`t/integration/common.py` of the installed kombu's sdist (downloaded once)."""
-    release = version("kombu")
-    where = cache_dir() / "kombu-sdist"
-    archive = where / f"kombu-{release}.tar.gz"
-    if not archive.exists():
-        where.mkdir(parents=True, exist_ok=True)
-        got = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "-q",
-                "--no-deps",
-                "--no-binary",
-                ":all:",
-                f"kombu=={release}",
-                "-d",
-                str(where),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        if got.returncode != 0 or not archive.exists():
-            pytest.fail(f"could not download kombu {release}'s sdist: {got.stderr[-2000:]}")
-    with tarfile.open(archive) as sdist:
-        member = sdist.extractfile(f"kombu-{release}/t/integration/common.py")
-        assert member is not None
-        return member.read().decode()
+    path = "t/integration/common.py"
+    return sdist_files("kombu", [path])[path]
 
 
 SHORT = "not TimeToLive and not Failover and not failed_ and not empty and not routing_keys"
