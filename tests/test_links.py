@@ -131,7 +131,10 @@ def test_an_isolated_leader_is_replaced_and_rejoins(rqlite_cluster_factory: Make
     with pytest.raises(httpx.ReadTimeout):  # its clients' link answers nothing either
         get(f"http://{cluster.links.http[old.node_id].listen}/status", timeout=0.5)
     cluster.links.clear()
-    assert cluster.wait_ready(20) is new  # the old leader follows the new one
+    # Every node ready and one leader agreed on: the old leader has rejoined. Not always the
+    # new one: the old leader's elections while cut off raised its term, and its return can
+    # start one more election, which any node may win (seen once at load 8.7).
+    assert cluster.wait_ready(20) is not None
     with Transport.from_url(cluster.url, queue="iso") as transport:
         transport.publish("g", "after")
 
